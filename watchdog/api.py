@@ -1,0 +1,138 @@
+"""The own HTTP API on `listen`: /metrics, /healthz, targets, series, and token-guarded control."""
+
+from __future__ import annotations
+
+import hmac
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .monitor import Monitor
+from .promql.selectors import parse_selector
+from .store import is_stale
+
+MAX_SERIES = 10_000
+MAX_CONTROL_BODY = 64 * 1024
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"status": "error", "error": message}, status_code=status, headers=headers)
+
+
+def check_bearer(request: Request, token: str | None) -> JSONResponse | None:
+    """None if the request carries the configured bearer token, else the 401/403 to send."""
+    if not token:
+        return _error(403, "control API disabled: set api_token in the config")
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="vllm-watchdog"'})
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return _error(403, "invalid bearer token")
+    return None
+
+
+def _value(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def build_app(
+    get_monitor: Callable[[], Monitor],
+    registry: CollectorRegistry,
+    get_token: Callable[[], str | None],
+    reload: Callable[[], Awaitable[tuple[bool, list[str]]]],
+    is_healthy: Callable[[], bool],
+) -> Starlette:
+    """The Starlette app; callables read live state so that reloads take effect at once."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        if is_healthy():
+            return JSONResponse({"status": "ok"})
+        return _error(503, "scheduler is not running")
+
+    async def targets(request: Request) -> Response:
+        m = get_monitor()
+        out: list[dict[str, Any]] = []
+        for rt in m.targets.values():
+            st, h = rt.scrape.status, rt.health.status
+            canary = rt.canary.status if rt.canary is not None else None
+            out.append(
+                {
+                    "name": rt.config.name,
+                    "url": rt.config.url,
+                    "metrics_url": rt.config.metrics_url,
+                    "container": rt.config.container,
+                    "labels": rt.labels,
+                    "up": st.up,
+                    "last_scrape": st.last_scrape,
+                    "last_scrape_duration": st.last_duration,
+                    "last_error": st.last_error,
+                    "samples": st.samples,
+                    "health": {"up": h.ok, "latency": h.latency, "last_error": h.last_error},
+                    "canary": None
+                    if canary is None
+                    else {
+                        "success": canary.ok,
+                        "latency": canary.latency,
+                        "last_error": canary.last_error,
+                    },
+                }
+            )
+        return JSONResponse({"status": "success", "data": out})
+
+    async def series(request: Request) -> Response:
+        match = request.query_params.get("match") or request.query_params.get("match[]")
+        if not match:
+            return _error(400, "query parameter 'match' is required, e.g. match=vllm:num_requests_waiting")
+        try:
+            selector = parse_selector(match)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        found = selector.select(get_monitor().store)
+        if len(found) > MAX_SERIES:
+            return _error(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
+        data = [
+            {
+                "labels": dict(s.labels),
+                "samples": [
+                    [t / 1000, "stale" if is_stale(v) else _value(v)]
+                    for t, v in zip(s.ts, s.vals, strict=True)
+                ],
+            }
+            for s in found
+        ]
+        return JSONResponse({"status": "success", "data": data})
+
+    async def do_reload(request: Request) -> Response:
+        denied = check_bearer(request, get_token())
+        if denied is not None:
+            return denied
+        if int(request.headers.get("content-length") or 0) > MAX_CONTROL_BODY:
+            return _error(413, f"request body over {MAX_CONTROL_BODY} bytes")
+        ok, problems = await reload()
+        if ok:
+            return JSONResponse({"status": "success"})
+        return JSONResponse({"status": "error", "errors": problems}, status_code=422)
+
+    return Starlette(
+        routes=[
+            Route("/metrics", metrics),
+            Route("/healthz", healthz),
+            Route("/api/v1/targets", targets),
+            Route("/api/v1/series", series),
+            Route("/-/reload", do_reload, methods=["POST"]),
+        ]
+    )

@@ -1,0 +1,302 @@
+"""The config file: parsed once into frozen dataclasses, with file:line errors for every problem."""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .durations import parse_duration, parse_size
+from .errors import ConfigError, Problem
+from .yamlnodes import Node, Problems, compose
+
+BUNDLED_PREFIX = "bundled:"
+DEFAULTS_NAME = "<embedded defaults>"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """Intervals and limits that apply to every target."""
+
+    scrape_interval: float = 1.0
+    scrape_timeout: float = 1.0
+    evaluation_interval: float = 1.0
+    sample_limit: int = 20_000
+    body_size_limit: int = 16 * 1024 * 1024
+    lookback_delta: float = 300.0
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """A tiny completion that proves the engine really generates tokens."""
+
+    enabled: bool = True
+    model: str | None = None  # None: ask /v1/models
+    prompt: str = "Hello"
+    max_tokens: int = 1
+    interval: float = 5.0
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """One vLLM server to watch."""
+
+    name: str
+    url: str
+    container: str | None = None
+    metrics_path: str = "/metrics"
+    health_path: str = "/health"
+    health_timeout: float = 2.0
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics is scraped."""
+        return self.url.rstrip("/") + self.metrics_path
+
+    @property
+    def health_url(self) -> str:
+        """Where /health is probed."""
+        return self.url.rstrip("/") + self.health_path
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """Where GPU signals come from: NVML in-process, a dcgm-exporter, or both."""
+
+    nvml: bool = False
+    dcgm_url: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole parsed config."""
+
+    source: str
+    global_: GlobalConfig = field(default_factory=GlobalConfig)
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9460
+    api_token: str | None = None
+    targets: tuple[TargetConfig, ...] = ()
+    gpus: GpuConfig = field(default_factory=GpuConfig)
+    rule_files: tuple[str, ...] = ()
+
+    @property
+    def listens_on_loopback(self) -> bool:
+        """True when the own API is reachable from this host only."""
+        if self.listen_host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.listen_host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """Parse `host:port` or `[v6]:port`."""
+    m = re.match(r"^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]+)):(\d{1,5})$", text)
+    if m is None or not 0 < int(m.group(3)) < 65536:
+        raise ValueError(f"must be host:port, e.g. 127.0.0.1:9460, got {text!r}")
+    return (m.group(1) or m.group(2)), int(m.group(3))
+
+
+def _http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http(s) URL, got {text!r}")
+    return text
+
+
+def bundled_rules_dir() -> Path:
+    """The bundled rule files: inside an installed wheel, or `rules/` of a source checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "rules"
+    return installed if installed.is_dir() else here.parent / "rules"
+
+
+def _rule_files(node: Node, base: Path) -> tuple[str, ...]:
+    out: list[str] = []
+    for item in node.items():
+        pattern = item.string()
+        if pattern is None:
+            continue
+        if pattern.startswith(BUNDLED_PREFIX):
+            path = bundled_rules_dir() / pattern[len(BUNDLED_PREFIX) :]
+            if not path.is_file():
+                item.error(f"no bundled rule file {pattern[len(BUNDLED_PREFIX) :]!r}")
+            out.append(str(path))
+            continue
+        full = pattern if os.path.isabs(pattern) else str(base / pattern)
+        if glob.has_magic(full):
+            out.extend(sorted(glob.glob(full)))
+        elif not os.path.isfile(full):
+            item.error(f"rule file {full} does not exist")
+        else:
+            out.append(full)
+    return tuple(out)
+
+
+def _positive_duration(m: dict[str, Node], key: str) -> float | None:
+    value = m[key].parsed(parse_duration) if key in m else None
+    if value == 0:
+        m[key].error("must be greater than 0")
+        return None
+    return value
+
+
+def _global(node: Node) -> GlobalConfig:
+    d = GlobalConfig()
+    m = node.mapping(
+        {"scrape_interval", "scrape_timeout", "evaluation_interval", "sample_limit"}
+        | {"body_size_limit", "lookback_delta"}
+    )
+    if m is None:
+        return d
+    interval = _positive_duration(m, "scrape_interval") or d.scrape_interval
+    timeout = m["scrape_timeout"].parsed(parse_duration) if "scrape_timeout" in m else None
+    if timeout is not None and timeout > interval:
+        m["scrape_timeout"].error("must not be greater than scrape_interval")
+    ev = _positive_duration(m, "evaluation_interval")
+    limit = m["sample_limit"].integer(minimum=1) if "sample_limit" in m else None
+    body = m["body_size_limit"].parsed(parse_size) if "body_size_limit" in m else None
+    lookback = _positive_duration(m, "lookback_delta")
+    return GlobalConfig(
+        scrape_interval=interval,
+        scrape_timeout=timeout or min(interval, 10.0),
+        evaluation_interval=ev or d.evaluation_interval,
+        sample_limit=limit or d.sample_limit,
+        body_size_limit=body or d.body_size_limit,
+        lookback_delta=lookback or d.lookback_delta,
+    )
+
+
+def _canary(node: Node) -> CanaryConfig:
+    d = CanaryConfig()
+    if isinstance(node.node.value, str):  # `canary: false` shorthand
+        enabled = node.boolean()
+        return CanaryConfig(enabled=d.enabled if enabled is None else enabled)
+    m = node.mapping({"enabled", "model", "prompt", "max_tokens", "interval", "timeout"})
+    if m is None:
+        return d
+    enabled = m["enabled"].boolean() if "enabled" in m else None
+    max_tokens = m["max_tokens"].integer(minimum=1) if "max_tokens" in m else None
+    interval = m["interval"].parsed(parse_duration) if "interval" in m else None
+    timeout = m["timeout"].parsed(parse_duration) if "timeout" in m else None
+    return CanaryConfig(
+        enabled=d.enabled if enabled is None else enabled,
+        model=m["model"].string() if "model" in m else None,
+        prompt=(m["prompt"].string() or d.prompt) if "prompt" in m else d.prompt,
+        max_tokens=max_tokens or d.max_tokens,
+        interval=interval or d.interval,
+        timeout=timeout or d.timeout,
+    )
+
+
+def _target(node: Node) -> TargetConfig | None:
+    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout"}
+    m = node.mapping(keys | {"canary", "labels"})
+    if m is None:
+        return None
+    for required in ("name", "url"):
+        if required not in m:
+            node.error("is required", field=f"{node.path}.{required}")
+    name = m["name"].string() if "name" in m else None
+    if name is not None and not _NAME.match(name):
+        m["name"].error("must be letters, digits, '_', '.' or '-'")
+        name = None
+    url = m["url"].parsed(_http_url) if "url" in m else None
+    d = TargetConfig(name=name or "-", url=url or "http://-")
+    paths = {}
+    for key in ("metrics_path", "health_path"):
+        value = m[key].string() if key in m else None
+        if value is not None and not value.startswith("/"):
+            m[key].error("must start with '/'")
+            value = None
+        paths[key] = value or getattr(d, key)
+    timeout = m["health_timeout"].parsed(parse_duration) if "health_timeout" in m else None
+    labels = m["labels"].string_map() if "labels" in m else None
+    for reserved in ("job", "instance"):
+        if labels and reserved in labels:
+            m["labels"].error(f"must not set {reserved!r}; it is derived from the target")
+    canary = _canary(m["canary"]) if "canary" in m else d.canary
+    container = m["container"].string() if "container" in m else None
+    if name is None or url is None:
+        return None
+    return TargetConfig(
+        name=name,
+        url=url,
+        container=container,
+        metrics_path=paths["metrics_path"],
+        health_path=paths["health_path"],
+        health_timeout=timeout or d.health_timeout,
+        canary=canary,
+        labels=labels or {},
+    )
+
+
+def _gpus(node: Node) -> GpuConfig:
+    m = node.mapping({"nvml", "dcgm_url"})
+    if m is None:
+        return GpuConfig()
+    nvml = m["nvml"].boolean() if "nvml" in m else None
+    dcgm = m["dcgm_url"].parsed(_http_url) if "dcgm_url" in m else None
+    return GpuConfig(nvml=bool(nvml), dcgm_url=dcgm)
+
+
+TOP_LEVEL_KEYS = {"global", "listen", "api_token", "targets", "gpus", "rule_files"}
+
+
+def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
+    """Parse config text; raise ConfigError listing every problem with file:line: field."""
+    problems = Problems(source)
+    root = compose(text, problems)
+    if root is None and not problems.items:
+        problems.add(None, "(root)", "config is empty")
+    if root is None:
+        raise ConfigError(problems.items)
+    top = Node(root, "", problems, env).mapping(TOP_LEVEL_KEYS)
+    if top is None:
+        raise ConfigError(problems.items)
+    base = Path(source).parent if source != DEFAULTS_NAME else bundled_rules_dir()
+    listen = top["listen"].parsed(parse_listen) if "listen" in top else None
+    targets: list[TargetConfig] = []
+    for item in top["targets"].items() if "targets" in top else []:
+        target = _target(item)
+        if target is not None and any(t.name == target.name for t in targets):
+            item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
+        elif target is not None:
+            targets.append(target)
+    cfg = Config(
+        source=source,
+        global_=_global(top["global"]) if "global" in top else GlobalConfig(),
+        listen_host=listen[0] if listen else "127.0.0.1",
+        listen_port=listen[1] if listen else 9460,
+        api_token=(top["api_token"].scalar() or None) if "api_token" in top else None,
+        targets=tuple(targets),
+        gpus=_gpus(top["gpus"]) if "gpus" in top else GpuConfig(),
+        rule_files=_rule_files(top["rule_files"], base) if "rule_files" in top else (),
+    )
+    if problems.items:
+        raise ConfigError(problems.items, rule_files=cfg.rule_files)
+    return cfg
+
+
+def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Config:
+    """Load a config file, or the embedded defaults when path is None."""
+    if path is None:
+        text = resources.files("vllm_watchdog").joinpath("defaults/config.yml").read_text()
+        return parse_config(text, DEFAULTS_NAME, env)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem(path, 1, "(file)", f"cannot read: {exc}")]) from exc
+    return parse_config(text, path, env)

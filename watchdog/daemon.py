@@ -1,0 +1,300 @@
+"""The daemon: scheduler, signals, reloads, systemd notification and the own API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import uvicorn
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry
+
+from .api import build_app
+from .config import Config, load_config
+from .errors import ConfigError
+from .monitor import Monitor
+from .rulefiles import RuleGroup, load_rule_files
+from .sdnotify import Notifier
+from .selfmetrics import DaemonCounters, WatchdogCollector
+from .sources.gpu import GpuCollector
+from .sources.nvml import NvmlSource
+
+log = logging.getLogger(__name__)
+GC_INTERVAL = 15.0
+SHUTDOWN_GRACE = 3.0
+
+
+def load_all(path: str | None, env: Mapping[str, str]) -> tuple[Config, tuple[RuleGroup, ...]]:
+    """Load config and every rule file it names; one ConfigError carries all problems."""
+    try:
+        config = load_config(path, env)
+    except ConfigError as exc:
+        try:
+            load_rule_files(exc.rule_files)
+        except ConfigError as rules_exc:
+            raise ConfigError(exc.problems + rules_exc.problems) from exc
+        raise
+    return config, load_rule_files(config.rule_files)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon owns SIGTERM/SIGHUP."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _offset(name: str, interval: float) -> float:
+    """A stable per-job start offset that spreads targets across the interval, as Prometheus does."""
+    return (zlib.crc32(name.encode()) % 1000) / 1000 * interval
+
+
+class Daemon:
+    """Runs one Monitor on a schedule until SIGTERM; SIGHUP reloads config and rules."""
+
+    def __init__(
+        self,
+        config_path: str | None,
+        *,
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        transport: httpx.AsyncBaseTransport | None = None,
+        nvml: Any | None = None,
+        keep_all: bool = False,
+    ) -> None:
+        self.config_path = config_path
+        self.env = dict(os.environ if env is None else env)
+        self.clock = clock
+        self.monotonic = monotonic
+        self.transport = transport
+        self.nvml = nvml
+        self.keep_all = keep_all
+        self.counters = DaemonCounters()
+        self.notifier = Notifier(self.env)
+        self.scheduler: AsyncIOScheduler | None = None
+        self.monitor: Monitor | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.last_progress = monotonic()
+
+    # -- jobs -------------------------------------------------------------------------------
+    def _job(self, fn: Callable[[float], Any]) -> Callable[[], Any]:
+        async def run() -> None:
+            try:
+                await fn(self.clock())
+            except Exception:  # a bug in one job must not stop the schedule
+                log.exception("job failed")
+            self.last_progress = self.monotonic()
+
+        return run
+
+    def _schedule(self, config: Config) -> None:
+        assert self.scheduler is not None and self.monitor is not None
+        sched, mon = self.scheduler, self.monitor
+        sched.remove_all_jobs()
+        g = config.global_
+        now = self.clock()
+
+        def add(job_id: str, fn: Callable[[float], Any], interval: float) -> None:
+            start = now + _offset(job_id, interval)
+            sched.add_job(
+                self._job(fn),
+                "interval",
+                seconds=interval,
+                id=job_id,
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(interval, 1.0),
+                jitter=min(interval * 0.05, 1.0),
+                next_run_time=_datetime(start),
+            )
+
+        for name, rt in mon.targets.items():
+            add(f"scrape:{name}", functools.partial(mon.scrape, name), g.scrape_interval)
+            add(f"health:{name}", functools.partial(mon.probe_health, name), g.scrape_interval)
+            if rt.canary is not None:
+                add(
+                    f"canary:{name}",
+                    functools.partial(mon.probe_canary, name),
+                    rt.config.canary.interval,
+                )
+        if mon.dcgm is not None:
+            add("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval)
+        if mon.gpu is not None:
+            add("nvml", mon.collect_gpus, g.scrape_interval)
+        add("gc", self._gc, GC_INTERVAL)
+        if self.notifier.watchdog_interval is not None:
+            add("systemd-watchdog", self._ping, self.notifier.watchdog_interval)
+
+    async def _gc(self, now: float) -> None:
+        assert self.monitor is not None
+        self.monitor.gc(now)
+
+    async def _ping(self, now: float) -> None:
+        if self.healthy():
+            self.notifier.ping()
+
+    def healthy(self) -> bool:
+        """The scheduler runs and some job finished recently."""
+        if self.scheduler is None or not self.scheduler.running or self.monitor is None:
+            return False
+        slack = 3 * max(self.monitor.config.global_.scrape_interval, GC_INTERVAL)
+        return self.monotonic() - self.last_progress < slack
+
+    def _on_missed(self, event: JobEvent) -> None:
+        self.counters.missed(str(event.job_id).split(":")[0])
+
+    # -- config -----------------------------------------------------------------------------
+    async def reload(self) -> tuple[bool, list[str]]:
+        """Load config and rules again; on any error keep the old ones and report every problem."""
+        assert self.monitor is not None
+        try:
+            config, rules = load_all(self.config_path, self.env)
+        except ConfigError as exc:
+            self.counters.reloads_failed += 1
+            self.counters.last_reload_ok = False
+            self.counters.config_errors = len(exc.problems)
+            for problem in exc.problems:
+                log.error("reload rejected; keeping the old config", extra={"problem": str(problem)})
+            return False, [str(p) for p in exc.problems]
+        old = self.monitor.config
+        if (config.listen_host, config.listen_port) != (old.listen_host, old.listen_port):
+            log.warning("listen address changes take effect only after a restart")
+        self.monitor.apply(config, rules, now=self.clock())
+        self._attach_gpu(config)
+        self._schedule(config)
+        self.counters.reloads_ok += 1
+        self.counters.last_reload_ok = True
+        self.counters.config_errors = 0
+        log.info("config reloaded", extra={"targets": len(config.targets), "groups": len(rules)})
+        return True, []
+
+    def _attach_gpu(self, config: Config) -> None:
+        assert self.monitor is not None
+        mon = self.monitor
+        if config.gpus.nvml and mon.gpu is None:
+            source = NvmlSource(nvml=self.nvml)
+            mon.gpu = GpuCollector(source, mon.store, instance=socket.gethostname())
+        elif not config.gpus.nvml and mon.gpu is not None:
+            mon.gpu.close()
+            mon.gpu = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or stop()); raises ConfigError if the first config is invalid."""
+        config, rules = load_all(self.config_path, self.env)
+        if not config.listens_on_loopback:
+            log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
+        loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=500)
+        async with httpx.AsyncClient(transport=self.transport, limits=limits, trust_env=False) as client:
+            self.monitor = Monitor(
+                config, rules, client=client, keep_all=self.keep_all, monotonic=self.monotonic
+            )
+            self._attach_gpu(config)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(WatchdogCollector(self.monitor, self.counters))
+            app = build_app(
+                self._monitor,
+                registry,
+                lambda: self._monitor().config.api_token,
+                self.reload,
+                self.healthy,
+            )
+            server = _EmbeddedServer(
+                uvicorn.Config(
+                    app,
+                    host=config.listen_host,
+                    port=config.listen_port,
+                    log_config=None,
+                    access_log=False,
+                    lifespan="off",
+                )
+            )
+            self.scheduler = AsyncIOScheduler(event_loop=loop)
+            self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+            self._schedule(config)
+            sock = _bind(config.listen_host, config.listen_port)  # fails loudly if in use
+            server_task = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started:
+                if server_task.done():
+                    server_task.result()
+                    raise OSError("API server exited during start-up")
+                await asyncio.sleep(0.01)
+            self.scheduler.start()
+            self._install_signals(loop)
+            self.notifier.ready()
+            log.info(
+                "watchdog started",
+                extra={
+                    "targets": [t.name for t in config.targets],
+                    "listen": f"{config.listen_host}:{config.listen_port}",
+                },
+            )
+            if ready is not None:
+                ready.set()
+            await self.stop_event.wait()
+            log.info("shutting down")
+            self.notifier.stopping()
+            self.scheduler.shutdown(wait=False)
+            server.should_exit = True
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
+            await _cancel_other_tasks(SHUTDOWN_GRACE)
+            if self.monitor.gpu is not None:
+                self.monitor.gpu.close()
+
+    def _monitor(self) -> Monitor:
+        assert self.monitor is not None
+        return self.monitor
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, self.stop)
+            loop.add_signal_handler(signal.SIGINT, self.stop)
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+
+    def stop(self) -> None:
+        """Ask the daemon to shut down."""
+        if self.stop_event is not None:
+            self.stop_event.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _cancel_other_tasks(grace: float) -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=grace)
+
+
+def _datetime(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=timezone.utc)

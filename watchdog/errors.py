@@ -1,0 +1,60 @@
+"""The exception hierarchy, documented in one place.
+
+WatchdogError
+├── ConfigError          config or rule files are invalid; carries every problem as file:line: field: message
+├── ScrapeError          one scrape of one target failed (transport, status, size, parse, limits)
+│   └── SampleLimitError the target exposed more series than its sample_limit
+└── SourceError          a non-scrape source (NVML, health probe) failed
+
+ExpositionError (a ValueError, in vllm_watchdog.exposition) is raised by the text parser and turned
+into a ScrapeError by the scraper, so callers of sources only ever see ScrapeError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class WatchdogError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem, located in a file."""
+
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.field}: {self.message}"
+
+
+class ConfigError(WatchdogError):
+    """Config or rule files are invalid; `problems` lists every one found."""
+
+    def __init__(self, problems: list[Problem], rule_files: tuple[str, ...] = ()) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line))
+        self.rule_files = rule_files  # resolved even when the config is invalid, so they can be checked too
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ScrapeError(WatchdogError):
+    """One scrape of one target failed; `kind` is a short label for metrics (timeout, status, ...)."""
+
+    def __init__(self, message: str, kind: str = "connection") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class SampleLimitError(ScrapeError):
+    """A target exposed more series than its sample_limit allows."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="sample_limit")
+
+
+class SourceError(WatchdogError):
+    """A non-scrape source (NVML, a probe) failed."""

@@ -1,0 +1,190 @@
+"""The monitor: every source of one config feeding one sample store, rebuilt in place on reload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from .config import Config, TargetConfig
+from .rulefiles import RuleGroup, StoreNeeds, store_needs
+from .sources.gpu import GpuCollector
+from .sources.probes import CanaryProbe, HealthProbe
+from .sources.scrape import ScrapeTarget
+from .store import SampleStore, make_labels
+
+log = logging.getLogger(__name__)
+
+ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+GC_SLACK = 30.0  # seconds of history kept beyond what rules need, so gc can run lazily
+
+
+@dataclass
+class TargetRuntime:
+    """Everything that watches one configured target."""
+
+    config: TargetConfig
+    scrape: ScrapeTarget
+    health: HealthProbe
+    canary: CanaryProbe | None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _keep_names(needs: StoreNeeds, keep_all: bool) -> frozenset[str] | None:
+    """The metric names worth storing; None keeps every name."""
+    if keep_all or needs.names is None:
+        return None
+    return needs.names | ALWAYS_KEPT
+
+
+class Monitor:
+    """Owns the store and the sources of the current config."""
+
+    def __init__(
+        self,
+        config: Config,
+        rules: tuple[RuleGroup, ...],
+        *,
+        client: httpx.AsyncClient,
+        gpu: GpuCollector | None = None,
+        keep_all: bool = False,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.client = client
+        self.monotonic = monotonic
+        self.keep_all = keep_all
+        self.store = SampleStore(retention=0.0)
+        self.gpu = gpu
+        self.targets: dict[str, TargetRuntime] = {}
+        self.dcgm: ScrapeTarget | None = None
+        self.keep_names: frozenset[str] | None = None
+        self.config = config
+        self.rules = rules
+        self.apply(config, rules, now=None)
+
+    def apply(self, config: Config, rules: tuple[RuleGroup, ...], now: float | None) -> None:
+        """Adopt a new config: keep unchanged targets (and their caches), build new ones, drop old."""
+        g = config.global_
+        needs = store_needs(rules, g.lookback_delta)
+        keep_names = _keep_names(needs, self.keep_all)
+        keep = keep_names.__contains__ if keep_names is not None else None
+        self.store.retention = needs.max_lookback + max(g.scrape_interval, g.evaluation_interval) + GC_SLACK
+        old = self.targets
+        same_scrape = self.config.global_ == g and self.keep_names == keep_names
+        self.targets = {}
+        for tc in config.targets:
+            prev = old.pop(tc.name, None)
+            if prev is not None and prev.config == tc and same_scrape:
+                self.targets[tc.name] = prev
+                continue
+            if prev is not None and now is not None:
+                prev.scrape.forget(now)
+            self.targets[tc.name] = self._build_target(config, tc, keep)
+        for gone in old.values():
+            if now is not None:
+                gone.scrape.forget(now)
+        if self.dcgm is not None and now is not None and self.config.gpus != config.gpus:
+            self.dcgm.forget(now)
+            self.dcgm = None
+        if config.gpus.dcgm_url and (self.dcgm is None or not same_scrape):
+            self.dcgm = self._scraper(
+                config, config.gpus.dcgm_url, "dcgm", _hostport(config.gpus.dcgm_url), keep, {}
+            )
+        self.keep_names = keep_names
+        self.config, self.rules = config, rules
+
+    def _scraper(
+        self,
+        config: Config,
+        url: str,
+        job: str,
+        instance: str,
+        keep: Callable[[str], bool] | None,
+        labels: dict[str, str],
+    ) -> ScrapeTarget:
+        g = config.global_
+        return ScrapeTarget(
+            url=url,
+            job=job,
+            instance=instance,
+            store=self.store,
+            client=self.client,
+            timeout=g.scrape_timeout,
+            sample_limit=g.sample_limit,
+            body_size_limit=g.body_size_limit,
+            keep_name=keep,
+            extra_labels=labels,
+            monotonic=self.monotonic,
+        )
+
+    def _build_target(
+        self, config: Config, tc: TargetConfig, keep: Callable[[str], bool] | None
+    ) -> TargetRuntime:
+        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels))
+        health = HealthProbe(tc.health_url, self.client, tc.health_timeout, self.monotonic)
+        canary = CanaryProbe(tc.url, tc.canary, self.client, self.monotonic) if tc.canary.enabled else None
+        return TargetRuntime(tc, scrape, health, canary, {**tc.labels, "job": "vllm", "instance": tc.name})
+
+    def _probe_sample(self, rt: TargetRuntime, name: str, now: float, value: float) -> None:
+        self.store.append(make_labels(name, rt.labels), math.floor(now * 1000), value)
+
+    async def scrape(self, name: str, now: float) -> None:
+        """Scrape one target's /metrics."""
+        rt = self.targets.get(name)
+        if rt is None:
+            return
+        status = await rt.scrape.scrape(now)
+        if not status.up:
+            log.warning("scrape failed", extra={"target": name, "error": status.last_error})
+
+    async def probe_health(self, name: str, now: float) -> None:
+        """Probe one target's /health and record it as samples."""
+        rt = self.targets.get(name)
+        if rt is None:
+            return
+        st = await rt.health.probe(now)
+        if not st.ok:
+            log.warning("health probe failed", extra={"target": name, "error": st.last_error})
+        self._probe_sample(rt, "vllm_watchdog_health_up", now, 1.0 if st.ok else 0.0)
+        self._probe_sample(rt, "vllm_watchdog_health_latency_seconds", now, st.latency)
+
+    async def probe_canary(self, name: str, now: float) -> None:
+        """Send one target's canary completion and record it as samples."""
+        rt = self.targets.get(name)
+        if rt is None or rt.canary is None:
+            return
+        st = await rt.canary.probe(now)
+        if not st.ok:
+            log.warning("canary failed", extra={"target": name, "error": st.last_error})
+        self._probe_sample(rt, "vllm_watchdog_canary_success", now, 1.0 if st.ok else 0.0)
+        self._probe_sample(rt, "vllm_watchdog_canary_latency_seconds", now, st.latency)
+
+    async def scrape_dcgm(self, now: float) -> None:
+        """Scrape the dcgm-exporter, if configured."""
+        if self.dcgm is not None:
+            status = await self.dcgm.scrape(now)
+            if not status.up:
+                log.warning("dcgm scrape failed", extra={"error": status.last_error})
+
+    async def collect_gpus(self, now: float) -> None:
+        """Read NVML in a worker thread (its calls block) and store the samples."""
+        if self.gpu is None:
+            return
+        samples = await asyncio.to_thread(self.gpu.collect)
+        t_ms = math.floor(now * 1000)
+        self.gpu.commit(samples, t_ms, self.keep_names)
+
+    def gc(self, now: float) -> int:
+        """Trim the store to its retention."""
+        return self.store.gc(now)
+
+
+def _hostport(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc or url

@@ -1,0 +1,1 @@
+"""Embedded PromQL: selectors now; the evaluator arrives with the rule engine."""

@@ -1,0 +1,94 @@
+"""Instant-vector selectors: parsing `name{label=~"re"}` and matching stored series against it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import promql_parser
+
+from ..store import Labels, SampleStore, Series
+
+_OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}
+
+
+@lru_cache(maxsize=1024)
+def _anchored(pattern: str) -> re.Pattern[str]:
+    # Prometheus anchors label regexes at both ends; `.` matches newlines too.
+    return re.compile(f"^(?:{pattern})$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher: name, op (=, !=, =~, !~) and value."""
+
+    name: str
+    op: str
+    value: str
+
+    def matches(self, value: str) -> bool:
+        """Whether a label value (empty string when the label is absent) passes."""
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        hit = _anchored(self.value).match(value) is not None
+        return hit if self.op == "=~" else not hit
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A metric name (if fixed) and label matchers."""
+
+    name: str | None
+    matchers: tuple[Matcher, ...]
+
+    def predicate(self) -> Callable[[Labels], bool]:
+        """A function telling whether a series' labels match every matcher."""
+        matchers = self.matchers
+
+        def keep(labels: Labels) -> bool:
+            d = dict(labels)
+            return all(m.matches(d.get(m.name, "")) for m in matchers)
+
+        return keep
+
+    def select(self, store: SampleStore) -> list[Series]:
+        """The stored series this selector picks."""
+        return list(store.select(self.name, self.predicate()))
+
+
+def from_ast(node: promql_parser.VectorSelector) -> Selector:
+    """Convert a parsed vector selector."""
+    matchers = []
+    name = node.name
+    for m in node.matchers.matchers:
+        matcher = Matcher(m.name, _OPS[str(m.op)], m.value)
+        if m.name == "__name__" and matcher.op == "=":
+            name = m.value
+        try:
+            if matcher.op in ("=~", "!~"):
+                _anchored(matcher.value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {matcher.value!r}: {exc}") from exc
+        matchers.append(matcher)
+    if node.matchers.or_matchers:
+        raise ValueError("'or' inside a selector's braces is not supported")
+    if node.name is not None:
+        matchers.append(Matcher("__name__", "=", node.name))
+    if not any(m.matches("") is False for m in matchers):
+        raise ValueError("vector selector must contain at least one non-empty matcher")
+    return Selector(name, tuple(matchers))
+
+
+def parse_selector(text: str) -> Selector:
+    """Parse a selector string such as `vllm:num_requests_waiting{instance="vllm-0"}`."""
+    try:
+        node = promql_parser.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"invalid selector {text!r}: {exc}") from exc
+    if not isinstance(node, promql_parser.VectorSelector):
+        raise ValueError(f"{text!r} is not a plain series selector")
+    return from_ast(node)

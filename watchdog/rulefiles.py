@@ -1,0 +1,205 @@
+"""Prometheus rule files: structure, expressions and what they need from the sample store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+
+from .durations import parse_duration
+from .errors import ConfigError, Problem
+from .yamlnodes import Node, Problems, compose
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alerting or recording rule."""
+
+    name: str
+    kind: str  # "alert" or "record"
+    expr: str
+    file: str
+    line: int
+    for_: float = 0.0
+    keep_firing_for: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RuleGroup:
+    """A named group of rules evaluated together."""
+
+    name: str
+    file: str
+    line: int
+    rules: tuple[Rule, ...]
+    interval: float | None = None
+    limit: int = 0
+
+
+@dataclass(frozen=True)
+class StoreNeeds:
+    """Which metric names rules read, and how far back; `names` None means every name."""
+
+    names: frozenset[str] | None
+    max_lookback: float
+
+
+_RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+
+
+def _rule(node: Node) -> Rule | None:
+    m = node.mapping(_RULE_KEYS)
+    if m is None:
+        return None
+    kinds = [k for k in ("alert", "record") if k in m]
+    if len(kinds) != 1:
+        node.error("exactly one of 'alert' or 'record' must be set")
+        return None
+    kind = kinds[0]
+    name = m[kind].string()
+    if "expr" not in m:
+        node.error("is required", field=f"{node.path}.expr")
+        return None
+    expr = m["expr"].string()
+    if expr is not None:
+        try:
+            promql_parser.parse(expr)
+        except ValueError as exc:
+            m["expr"].error(f"could not parse expression: {exc}")
+            expr = None
+    if kind == "record":
+        for key in ("for", "keep_firing_for", "annotations"):
+            if key in m:
+                m[key].error(f"invalid field {key!r} in recording rule")
+    for_ = m["for"].parsed(parse_duration) if "for" in m else 0.0
+    keep = m["keep_firing_for"].parsed(parse_duration) if "keep_firing_for" in m else 0.0
+    labels = m["labels"].string_map() if "labels" in m else {}
+    annotations = m["annotations"].string_map() if "annotations" in m else {}
+    if name is None or expr is None:
+        return None
+    return Rule(
+        name=name,
+        kind=kind,
+        expr=expr,
+        file=node.problems.file,
+        line=node.line,
+        for_=for_ or 0.0,
+        keep_firing_for=keep or 0.0,
+        labels=labels or {},
+        annotations=annotations or {},
+    )
+
+
+def parse_rule_file(text: str, source: str) -> list[RuleGroup]:
+    """Parse one rule file; raise ConfigError listing every problem."""
+    problems = Problems(source)
+    root = compose(text, problems)
+    groups: list[RuleGroup] = []
+    if root is None:
+        if problems.items:
+            raise ConfigError(problems.items)
+        return groups
+    top = Node(root, "", problems).mapping({"groups"})
+    seen: set[str] = set()
+    for gnode in top["groups"].items() if top and "groups" in top else []:
+        g = gnode.mapping({"name", "interval", "limit", "rules"})
+        if g is None:
+            continue
+        name = g["name"].string() if "name" in g else None
+        if name is None:
+            gnode.error("group name is required", field=f"{gnode.path}.name")
+            continue
+        if name in seen:
+            g["name"].error(f"{name!r} is repeated in the same file")
+        seen.add(name)
+        interval = g["interval"].parsed(parse_duration) if "interval" in g else None
+        limit = g["limit"].integer(minimum=0) if "limit" in g else 0
+        rules = [_rule(r) for r in g["rules"].items()] if "rules" in g else []
+        groups.append(
+            RuleGroup(
+                name=name,
+                file=source,
+                line=gnode.line,
+                rules=tuple(r for r in rules if r is not None),
+                interval=interval,
+                limit=limit or 0,
+            )
+        )
+    if problems.items:
+        raise ConfigError(problems.items)
+    return groups
+
+
+def load_rule_files(paths: Iterable[str]) -> tuple[RuleGroup, ...]:
+    """Load every rule file, collecting the problems of all of them before raising."""
+    groups: list[RuleGroup] = []
+    problems: list[Problem] = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+            groups.extend(parse_rule_file(text, path))
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(Problem(path, 1, "(file)", f"cannot read: {exc}"))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return tuple(groups)
+
+
+def _seconds(delta: Any) -> float:
+    return abs(delta.total_seconds()) if delta is not None else 0.0
+
+
+def _needs(node: Any, extra: float, lookback: float, names: set[str] | None) -> tuple[float, bool]:
+    """Walk the AST: return (max seconds of history needed, whether a name-less selector occurs)."""
+    if isinstance(node, promql_parser.MatrixSelector):
+        vs = node.vector_selector
+        need, anyname = _needs(vs, extra + _seconds(node.range) - lookback, lookback, names)
+        return need, anyname
+    if isinstance(node, promql_parser.VectorSelector):
+        name = node.name or next(
+            (
+                m.value
+                for m in node.matchers.matchers
+                if m.name == "__name__" and m.op == promql_parser.MatchOp.Equal
+            ),
+            None,
+        )
+        if names is not None and name is not None:
+            names.add(name)
+        return extra + lookback + _seconds(node.offset), name is None
+    if isinstance(node, promql_parser.SubqueryExpr):
+        return _needs(node.expr, extra + _seconds(node.range) + _seconds(node.offset), lookback, names)
+    children: list[Any] = []
+    if isinstance(node, promql_parser.BinaryExpr):
+        children = [node.lhs, node.rhs]
+    elif isinstance(node, promql_parser.AggregateExpr):
+        children = [node.expr] + ([node.param] if node.param is not None else [])
+    elif isinstance(node, promql_parser.Call):
+        children = list(node.args)
+    elif isinstance(node, (promql_parser.ParenExpr, promql_parser.UnaryExpr)):
+        children = [node.expr]
+    need, anyname = 0.0, False
+    for child in children:
+        n, a = _needs(child, extra, lookback, names)
+        need, anyname = max(need, n), anyname or a
+    return need, anyname
+
+
+def store_needs(groups: Iterable[RuleGroup], lookback: float) -> StoreNeeds:
+    """What the sample store must keep so every rule can be evaluated."""
+    names: set[str] = set()
+    max_lookback, anyname = lookback, False
+    for group in groups:
+        for rule in group.rules:
+            need, a = _needs(promql_parser.parse(rule.expr), 0.0, lookback, names)
+            max_lookback, anyname = max(max_lookback, need), anyname or a
+            if rule.kind == "record":
+                names.add(rule.name)
+    return StoreNeeds(names=None if anyname else frozenset(names), max_lookback=max_lookback)

@@ -1,0 +1,133 @@
+"""The watchdog's own metrics, produced at scrape time from live state on an explicit registry."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .monitor import Monitor
+
+
+@dataclass
+class DaemonCounters:
+    """Process-level counters the daemon updates."""
+
+    reloads_ok: int = 0
+    reloads_failed: int = 0
+    last_reload_ok: bool = True
+    config_errors: int = 0
+    missed_deadlines: dict[str, int] = field(default_factory=dict)
+
+    def missed(self, job: str) -> None:
+        """Count a scheduled run that was skipped or started too late."""
+        self.missed_deadlines[job] = self.missed_deadlines.get(job, 0) + 1
+
+
+class WatchdogCollector(Collector):
+    """Exports scrape, probe, store and daemon state of one Monitor."""
+
+    def __init__(self, monitor: Monitor, counters: DaemonCounters) -> None:
+        self.monitor = monitor
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        """Build every family from current state."""
+        m, c = self.monitor, self.counters
+        info = GaugeMetricFamily(
+            "vllm_watchdog_build_info", "Build information.", labels=["version", "python"]
+        )
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        yield from self._scrapes(m)
+        yield from self._probes(m)
+        store = GaugeMetricFamily("vllm_watchdog_store_series", "Series held in the sample store.")
+        store.add_metric([], m.store.series_count)
+        yield store
+        samples = GaugeMetricFamily("vllm_watchdog_store_samples", "Samples held in the sample store.")
+        samples.add_metric([], m.store.sample_count)
+        yield samples
+        reloads = CounterMetricFamily(
+            "vllm_watchdog_config_reloads", "Config reloads by result.", labels=["result"]
+        )
+        reloads.add_metric(["success"], c.reloads_ok)
+        reloads.add_metric(["failure"], c.reloads_failed)
+        yield reloads
+        last = GaugeMetricFamily(
+            "vllm_watchdog_config_last_reload_successful", "1 if the last config reload succeeded."
+        )
+        last.add_metric([], 1 if c.last_reload_ok else 0)
+        yield last
+        errors = GaugeMetricFamily(
+            "vllm_watchdog_config_errors",
+            "Problems found by the last failed config reload (0 after success).",
+        )
+        errors.add_metric([], c.config_errors)
+        yield errors
+        missed = CounterMetricFamily(
+            "vllm_watchdog_missed_deadlines",
+            "Scheduled runs skipped or started late, by job.",
+            labels=["job"],
+        )
+        for job, n in sorted(c.missed_deadlines.items()):
+            missed.add_metric([job], n)
+        yield missed
+        if m.gpu is not None:
+            gpu = GaugeMetricFamily("vllm_watchdog_nvml_up", "1 if the last NVML reading succeeded.")
+            gpu.add_metric([], 1 if m.gpu.up else 0)
+            yield gpu
+
+    def _scrapes(self, m: Monitor) -> Iterator[Metric]:
+        labels = ["job", "instance"]
+        up = GaugeMetricFamily("vllm_watchdog_target_up", "1 if the last scrape succeeded.", labels=labels)
+        total = CounterMetricFamily("vllm_watchdog_scrapes", "Scrapes attempted.", labels=labels)
+        errors = CounterMetricFamily(
+            "vllm_watchdog_scrape_errors", "Failed scrapes by kind.", labels=[*labels, "kind"]
+        )
+        duration = GaugeMetricFamily(
+            "vllm_watchdog_scrape_duration_seconds", "Duration of the last scrape.", labels=labels
+        )
+        count = GaugeMetricFamily(
+            "vllm_watchdog_scrape_samples", "Samples read by the last scrape.", labels=labels
+        )
+        scrapers = [rt.scrape for rt in m.targets.values()] + ([m.dcgm] if m.dcgm else [])
+        for s in scrapers:
+            key = [s.job, s.instance]
+            st = s.status
+            up.add_metric(key, 1 if st.up else 0)
+            total.add_metric(key, st.scrapes)
+            for kind, n in sorted(st.errors_by_kind.items()):
+                errors.add_metric([*key, kind], n)
+            duration.add_metric(key, st.last_duration)
+            count.add_metric(key, st.samples)
+        yield from (up, total, errors, duration, count)
+
+    def _probes(self, m: Monitor) -> Iterator[Metric]:
+        labels = ["job", "instance"]
+        fams = {
+            name: GaugeMetricFamily(name, doc, labels=labels)
+            for name, doc in (
+                ("vllm_watchdog_health_up", "1 if the last /health probe returned 200."),
+                ("vllm_watchdog_health_latency_seconds", "Latency of the last /health probe."),
+                (
+                    "vllm_watchdog_canary_success",
+                    "1 if the last canary completion generated a token.",
+                ),
+                ("vllm_watchdog_canary_latency_seconds", "Latency of the last canary completion."),
+            )
+        }
+        for rt in m.targets.values():
+            key = ["vllm", rt.config.name]
+            h = rt.health.status
+            if h.ok is not None:
+                fams["vllm_watchdog_health_up"].add_metric(key, 1 if h.ok else 0)
+                fams["vllm_watchdog_health_latency_seconds"].add_metric(key, h.latency)
+            if rt.canary is not None and rt.canary.status.ok is not None:
+                cs = rt.canary.status
+                fams["vllm_watchdog_canary_success"].add_metric(key, 1 if cs.ok else 0)
+                fams["vllm_watchdog_canary_latency_seconds"].add_metric(key, cs.latency)
+        yield from fams.values()

@@ -1,0 +1,1 @@
+"""Sources: the places samples come from (vLLM, health probes, GPUs)."""

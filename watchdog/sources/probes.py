@@ -1,0 +1,139 @@
+"""Active probes: GET /health, and a 1-token canary completion that proves the engine generates."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..config import CanaryConfig
+
+
+@dataclass
+class ProbeStatus:
+    """The last result of one probe."""
+
+    ok: bool | None = None  # None: never ran
+    latency: float = 0.0
+    last_probe: float | None = None
+    last_error: str | None = None
+    runs: int = 0
+    failures: int = 0
+
+    def record(self, now: float, ok: bool, latency: float, error: str | None) -> ProbeStatus:
+        """Store one outcome."""
+        self.ok, self.latency, self.last_probe, self.last_error = ok, latency, now, error
+        self.runs += 1
+        self.failures += 0 if ok else 1
+        return self
+
+
+class HealthProbe:
+    """GET /health with a timeout; 200 means up."""
+
+    def __init__(
+        self,
+        url: str,
+        client: httpx.AsyncClient,
+        timeout: float,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.url = url
+        self.client = client
+        self.timeout = timeout
+        self.monotonic = monotonic
+        self.status = ProbeStatus()
+
+    async def probe(self, now: float) -> ProbeStatus:
+        """Run once at wall-clock `now`; never raises for target faults."""
+        start = self.monotonic()
+        try:
+            resp = await self.client.get(self.url, timeout=self.timeout)
+            ok = resp.status_code == 200
+            error = None if ok else f"HTTP status {resp.status_code}"
+        except httpx.TimeoutException:
+            ok, error = False, f"timeout after {self.timeout:g}s"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        return self.status.record(now, ok, self.monotonic() - start, error)
+
+
+class CanaryProbe:
+    """A tiny completion against the served model; success needs at least one generated token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        config: CanaryConfig,
+        client: httpx.AsyncClient,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.config = config
+        self.client = client
+        self.monotonic = monotonic
+        self.model: str | None = config.model
+        self.status = ProbeStatus()
+
+    async def _served_model(self) -> str:
+        resp = await self.client.get(self.base_url + "/v1/models", timeout=self.config.timeout)
+        if resp.status_code != 200:
+            raise ValueError(f"/v1/models returned HTTP status {resp.status_code}")
+        data = _json_object(resp)
+        models = data.get("data")
+        if not isinstance(models, list) or not models or not isinstance(models[0], dict):
+            raise ValueError("/v1/models lists no model")
+        model_id = models[0].get("id")
+        if not isinstance(model_id, str):
+            raise ValueError("/v1/models: first model has no string id")
+        return model_id
+
+    async def _complete(self) -> None:
+        if self.model is None:
+            self.model = await self._served_model()
+        body = {
+            "model": self.model,
+            "prompt": self.config.prompt,
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0,
+            "stream": False,
+        }
+        resp = await self.client.post(
+            self.base_url + "/v1/completions", json=body, timeout=self.config.timeout
+        )
+        if resp.status_code == 404 and self.config.model is None:
+            self.model = None  # the served model changed (restart with another model): ask again
+        if resp.status_code != 200:
+            raise ValueError(f"/v1/completions returned HTTP status {resp.status_code}")
+        data = _json_object(resp)
+        usage = data.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError("completion generated no tokens")
+
+    async def probe(self, now: float) -> ProbeStatus:
+        """Run once at wall-clock `now`; never raises for target faults. Prompts are never logged."""
+        start = self.monotonic()
+        try:
+            await self._complete()
+            ok, error = True, None
+        except httpx.TimeoutException:
+            ok, error = False, f"timeout after {self.config.timeout:g}s"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:
+            ok, error = False, str(exc)
+        return self.status.record(now, ok, self.monotonic() - start, error)
+
+
+def _json_object(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        data = resp.json()
+    except ValueError as exc:
+        raise ValueError(f"{resp.request.url.path}: response is not JSON") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{resp.request.url.path}: response is not a JSON object")
+    return data

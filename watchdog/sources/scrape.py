@@ -1,0 +1,171 @@
+"""Scraping one Prometheus text endpoint into the sample store, the way Prometheus does."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from ..errors import SampleLimitError, ScrapeError
+from ..exposition import ExpositionError, iter_samples, parse_series
+from ..store import Exposure, SampleStore, Series, make_labels
+from .aliases import current_name
+
+_SKIP = Series(())  # cached for series that the rules do not need
+_HEADERS = {
+    "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    # Identity keeps CPU low on loopback and rules out decompression bombs.
+    "Accept-Encoding": "identity",
+    "User-Agent": "vllm-watchdog",
+}
+
+
+@dataclass
+class ScrapeStatus:
+    """What the last scrape of a target saw, for the API and own metrics."""
+
+    up: bool = False
+    last_scrape: float | None = None
+    last_duration: float = 0.0
+    last_error: str | None = None
+    samples: int = 0
+    scrapes: int = 0
+    failures: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+class ScrapeTarget:
+    """One endpoint: fetch, parse with a per-target series cache, commit atomically, mark stale."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        job: str,
+        instance: str,
+        store: SampleStore,
+        client: httpx.AsyncClient,
+        timeout: float,
+        sample_limit: int,
+        body_size_limit: int,
+        keep_name: Callable[[str], bool] | None = None,
+        extra_labels: dict[str, str] | None = None,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.url = url
+        self.job = job
+        self.instance = instance
+        self.store = store
+        self.client = client
+        self.timeout = timeout
+        self.sample_limit = sample_limit
+        self.body_size_limit = body_size_limit
+        self.keep_name = keep_name
+        self.target_labels = {**(extra_labels or {}), "job": job, "instance": instance}
+        self.monotonic = monotonic
+        self.status = ScrapeStatus()
+        self._cache: dict[str, Series] = {}
+        self.exposure = Exposure(store)
+        self._synthetic: dict[str, Series] = {}
+
+    async def fetch(self) -> str:
+        """GET the body, bounded by timeout and body_size_limit."""
+        try:
+            async with self.client.stream("GET", self.url, headers=_HEADERS, timeout=self.timeout) as resp:
+                if resp.status_code != 200:
+                    raise ScrapeError(f"server returned HTTP status {resp.status_code}", "status")
+                declared = resp.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > self.body_size_limit:
+                    raise ScrapeError(
+                        f"body size {declared} exceeds body_size_limit {self.body_size_limit}",
+                        "size",
+                    )
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.aiter_raw():
+                    size += len(chunk)
+                    if size > self.body_size_limit:
+                        raise ScrapeError(f"body exceeds body_size_limit {self.body_size_limit}", "size")
+                    chunks.append(chunk)
+        except httpx.TimeoutException as exc:
+            raise ScrapeError(f"timeout after {self.timeout:g}s ({type(exc).__name__})", "timeout") from exc
+        except httpx.HTTPError as exc:
+            raise ScrapeError(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            return b"".join(chunks).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScrapeError(f"body is not UTF-8: {exc}", "encoding") from exc
+
+    def _series_for(self, raw: str) -> Series:
+        name, labels = parse_series(raw)
+        name = current_name(name)
+        if self.keep_name is not None and not self.keep_name(name):
+            return _SKIP
+        for key, value in self.target_labels.items():
+            if key in labels and labels[key] != "":
+                labels["exported_" + key] = labels[key]  # honor_labels: false
+            labels[key] = value
+        return self.store.get(make_labels(name, labels))
+
+    def ingest(self, text: str, t_ms: int) -> int:
+        """Parse a body and commit its samples atomically; return the number of samples read."""
+        cache = self._cache
+        batch: list[tuple[Series, float, int]] = []
+        count = 0
+        try:
+            for count, (raw, value, ts) in enumerate(iter_samples(text), 1):  # noqa: B007
+                series = cache.get(raw)
+                if series is None:
+                    series = cache[raw] = self._series_for(raw)
+                if series is not _SKIP:
+                    batch.append((series, value, t_ms if ts is None else ts))
+        except ExpositionError as exc:
+            raise ScrapeError(f"parse error: {exc}", "parse") from exc
+        except ValueError as exc:  # parse_series on a cache miss
+            raise ScrapeError(f"parse error in sample {count + 1}: {exc}", "parse") from exc
+        if count > self.sample_limit:
+            raise SampleLimitError(f"sample_limit exceeded: {count} samples > limit {self.sample_limit}")
+        if len(cache) > 4 * self.sample_limit:
+            cache.clear()  # a target churning label values must not grow the cache without bound
+        self.exposure.commit(batch, t_ms)
+        return count
+
+    def _synth(self, name: str, t_ms: int, value: float) -> None:
+        series = self._synthetic.get(name)
+        if series is None:
+            series = self.store.get(make_labels(name, self.target_labels))
+            self._synthetic[name] = series
+        series.append(t_ms, value)
+        self.store.register(series)
+
+    async def scrape(self, now: float) -> ScrapeStatus:
+        """One scrape at wall-clock `now`; never raises for target faults."""
+        t_ms = math.floor(now * 1000)
+        start = self.monotonic()
+        status = self.status
+        status.scrapes += 1
+        try:
+            text = await self.fetch()
+            status.samples = self.ingest(text, t_ms)
+            status.up, status.last_error = True, None
+        except ScrapeError as exc:
+            status.errors_by_kind[exc.kind] = status.errors_by_kind.get(exc.kind, 0) + 1
+            status.up, status.last_error, status.samples = False, str(exc), 0
+            status.failures += 1
+            self.exposure.stale_all(t_ms)
+        status.last_duration = self.monotonic() - start
+        status.last_scrape = now
+        self._synth("up", t_ms, 1.0 if status.up else 0.0)
+        self._synth("scrape_duration_seconds", t_ms, status.last_duration)
+        self._synth("scrape_samples_scraped", t_ms, float(status.samples))
+        return status
+
+    def forget(self, now: float) -> None:
+        """The target was removed from config: stale-mark everything it owned."""
+        now_ms = math.floor(now * 1000)
+        self.exposure.stale_all(now_ms)
+        for series in self._synthetic.values():
+            series.mark_stale(now_ms)

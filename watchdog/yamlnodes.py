@@ -1,0 +1,212 @@
+"""Reading YAML with line numbers: typed field access that collects file:line problems."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+import yaml
+
+from .errors import Problem
+
+T = TypeVar("T")
+_ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class Problems:
+    """Collects problems for one file so that every error is reported, not just the first."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.items: list[Problem] = []
+
+    def add(self, node: yaml.Node | None, field: str, message: str) -> None:
+        """Record a problem at the node's line (1-based)."""
+        line = node.start_mark.line + 1 if node is not None else 1
+        self.items.append(Problem(self.file, line, field, message))
+
+
+def compose(text: str, problems: Problems) -> yaml.Node | None:
+    """Parse YAML text into a node tree, recording a syntax error as a problem."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = mark.line + 1 if mark is not None else 1
+        problems.items.append(Problem(problems.file, line, "(yaml)", str(exc.problem)))
+    except yaml.YAMLError as exc:
+        problems.items.append(Problem(problems.file, 1, "(yaml)", str(exc)))
+    return None
+
+
+def substitute_env(text: str, env: Mapping[str, str]) -> str:
+    """Replace ${VAR} and ${VAR:-default}; `$$` is a literal `$`. Raise KeyError for unset VAR."""
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise KeyError(name)
+
+    return _ENV.sub(repl, text)
+
+
+class Node:
+    """A YAML node with its dotted field path, for typed reads that record problems."""
+
+    def __init__(
+        self,
+        node: yaml.Node,
+        path: str,
+        problems: Problems,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.node = node
+        self.path = path
+        self.problems = problems
+        self.env = os.environ if env is None else env
+
+    @property
+    def line(self) -> int:
+        """1-based line of this node."""
+        return int(self.node.start_mark.line) + 1
+
+    def error(self, message: str, field: str | None = None) -> None:
+        """Record a problem about this node."""
+        self.problems.add(self.node, field or self.path, message)
+
+    def _child_path(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def mapping(self, allowed: set[str] | None = None) -> dict[str, Node] | None:
+        """Return the children of a mapping; unknown keys are problems; None if not a mapping."""
+        if not isinstance(self.node, yaml.MappingNode):
+            self.error("must be a mapping")
+            return None
+        out: dict[str, Node] = {}
+        for knode, vnode in self.node.value:
+            key = str(knode.value)
+            child = Node(vnode, self._child_path(key), self.problems, self.env)
+            if allowed is not None and key not in allowed:
+                self.problems.add(knode, child.path, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                continue
+            if key in out:
+                self.problems.add(knode, child.path, "duplicate key")
+                continue
+            out[key] = child
+        return out
+
+    def sequence(self) -> list[Node] | None:
+        """Return the items of a sequence; None (with a problem) if not a sequence."""
+        if not isinstance(self.node, yaml.SequenceNode):
+            self.error("must be a list")
+            return None
+        return [Node(v, self._child_path(i), self.problems, self.env) for i, v in enumerate(self.node.value)]
+
+    def items(self) -> Iterator[Node]:
+        """Iterate over a sequence's items (nothing if not a sequence)."""
+        yield from self.sequence() or []
+
+    def is_null(self) -> bool:
+        """True for an explicit YAML null."""
+        return isinstance(self.node, yaml.ScalarNode) and self.node.tag == "tag:yaml.org,2002:null"
+
+    def scalar(self) -> str | None:
+        """The scalar's text after ${ENV} substitution; None (with a problem) if not a scalar."""
+        if not isinstance(self.node, yaml.ScalarNode):
+            self.error("must be a scalar value")
+            return None
+        try:
+            return substitute_env(str(self.node.value), self.env)
+        except KeyError as exc:
+            self.error(f"environment variable {exc.args[0]} is not set (use ${{VAR:-default}})")
+            return None
+
+    def string(self) -> str | None:
+        """A non-empty string."""
+        text = self.scalar()
+        if text is not None and text == "":
+            self.error("must not be empty")
+            return None
+        return text
+
+    def boolean(self) -> bool | None:
+        """A YAML boolean."""
+        text = self.scalar()
+        if text is None:
+            return None
+        low = text.lower()
+        if low in ("true", "yes", "on"):
+            return True
+        if low in ("false", "no", "off"):
+            return False
+        self.error(f"must be true or false, got {text!r}")
+        return None
+
+    def integer(self, minimum: int | None = None) -> int | None:
+        """An integer, optionally bounded below."""
+        text = self.scalar()
+        if text is None:
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            self.error(f"must be an integer, got {text!r}")
+            return None
+        if minimum is not None and value < minimum:
+            self.error(f"must be >= {minimum}, got {value}")
+            return None
+        return value
+
+    def number(self) -> float | None:
+        """A float."""
+        text = self.scalar()
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            self.error(f"must be a number, got {text!r}")
+            return None
+
+    def parsed(self, parse: Callable[[str], T]) -> T | None:
+        """A scalar converted by `parse`; a ValueError becomes a problem."""
+        text = self.scalar()
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as exc:
+            self.error(str(exc))
+            return None
+
+    def string_map(self) -> dict[str, str] | None:
+        """A mapping of strings to strings (labels, headers)."""
+        children = self.mapping()
+        if children is None:
+            return None
+        out: dict[str, str] = {}
+        for key, child in children.items():
+            value = child.scalar()
+            if value is not None:
+                out[key] = value
+        return out
+
+    def string_list(self) -> list[str] | None:
+        """A list of strings (a single string is accepted as a one-item list)."""
+        if isinstance(self.node, yaml.ScalarNode) and not self.is_null():
+            one = self.string()
+            return None if one is None else [one]
+        items = self.sequence()
+        if items is None:
+            return None
+        values = [item.string() for item in items]
+        return [v for v in values if v is not None]
