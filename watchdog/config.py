@@ -31,6 +31,7 @@ class GlobalConfig:
     sample_limit: int = 20_000
     body_size_limit: int = 16 * 1024 * 1024
     lookback_delta: float = 300.0
+    keep_unreferenced: bool = False  # store families no rule reads (memory grows with targets)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class TargetConfig:
     metrics_path: str = "/metrics"
     health_path: str = "/health"
     health_timeout: float = 2.0
+    health_probe: bool = True
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
 
@@ -157,7 +159,7 @@ def _global(node: Node) -> GlobalConfig:
     d = GlobalConfig()
     m = node.mapping(
         {"scrape_interval", "scrape_timeout", "evaluation_interval", "sample_limit"}
-        | {"body_size_limit", "lookback_delta"}
+        | {"body_size_limit", "lookback_delta", "keep_unreferenced"}
     )
     if m is None:
         return d
@@ -169,6 +171,7 @@ def _global(node: Node) -> GlobalConfig:
     limit = m["sample_limit"].integer(minimum=1) if "sample_limit" in m else None
     body = m["body_size_limit"].parsed(parse_size) if "body_size_limit" in m else None
     lookback = _positive_duration(m, "lookback_delta")
+    keep = m["keep_unreferenced"].boolean() if "keep_unreferenced" in m else None
     return GlobalConfig(
         scrape_interval=interval,
         scrape_timeout=timeout or min(interval, 10.0),
@@ -176,6 +179,7 @@ def _global(node: Node) -> GlobalConfig:
         sample_limit=limit or d.sample_limit,
         body_size_limit=body or d.body_size_limit,
         lookback_delta=lookback or d.lookback_delta,
+        keep_unreferenced=bool(keep),
     )
 
 
@@ -202,7 +206,7 @@ def _canary(node: Node) -> CanaryConfig:
 
 
 def _target(node: Node) -> TargetConfig | None:
-    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout"}
+    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
     m = node.mapping(keys | {"canary", "labels"})
     if m is None:
         return None
@@ -228,6 +232,7 @@ def _target(node: Node) -> TargetConfig | None:
         if labels and reserved in labels:
             m["labels"].error(f"must not set {reserved!r}; it is derived from the target")
     canary = _canary(m["canary"]) if "canary" in m else d.canary
+    probe = m["health_probe"].boolean() if "health_probe" in m else None
     container = m["container"].string() if "container" in m else None
     if name is None or url is None:
         return None
@@ -238,6 +243,7 @@ def _target(node: Node) -> TargetConfig | None:
         metrics_path=paths["metrics_path"],
         health_path=paths["health_path"],
         health_timeout=timeout or d.health_timeout,
+        health_probe=d.health_probe if probe is None else probe,
         canary=canary,
         labels=labels or {},
     )

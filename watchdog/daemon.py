@@ -89,14 +89,21 @@ class Daemon:
         self.monitor: Monitor | None = None
         self.stop_event: asyncio.Event | None = None
         self.last_progress = monotonic()
+        self._running: set[asyncio.Task[Any]] = set()
 
     # -- jobs -------------------------------------------------------------------------------
     def _job(self, fn: Callable[[float], Any]) -> Callable[[], Any]:
         async def run() -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._running.add(task)
             try:
                 await fn(self.clock())
             except Exception:  # a bug in one job must not stop the schedule
                 log.exception("job failed")
+            finally:
+                if task is not None:
+                    self._running.discard(task)
             self.last_progress = self.monotonic()
 
         return run
@@ -117,14 +124,15 @@ class Daemon:
                 id=job_id,
                 max_instances=1,
                 coalesce=True,
-                misfire_grace_time=max(interval, 1.0),
+                misfire_grace_time=max(round(interval), 1),
                 jitter=min(interval * 0.05, 1.0),
                 next_run_time=_datetime(start),
             )
 
         for name, rt in mon.targets.items():
             add(f"scrape:{name}", functools.partial(mon.scrape, name), g.scrape_interval)
-            add(f"health:{name}", functools.partial(mon.probe_health, name), g.scrape_interval)
+            if rt.config.health_probe:
+                add(f"health:{name}", functools.partial(mon.probe_health, name), g.scrape_interval)
             if rt.canary is not None:
                 add(
                     f"canary:{name}",
@@ -254,7 +262,7 @@ class Daemon:
             server.should_exit = True
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
-            await _cancel_other_tasks(SHUTDOWN_GRACE)
+            await _cancel(self._running, SHUTDOWN_GRACE)
             if self.monitor.gpu is not None:
                 self.monitor.gpu.close()
 
@@ -287,9 +295,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _cancel_other_tasks(grace: float) -> None:
-    current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+async def _cancel(running: set[asyncio.Task[Any]], grace: float) -> None:
+    """Cancel the daemon's in-flight jobs (scrapes, probes), and only those."""
+    tasks = [t for t in running if not t.done()]
     for task in tasks:
         task.cancel()
     if tasks:

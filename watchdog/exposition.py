@@ -20,9 +20,10 @@ Deliberate differences from ``prometheus_client.parser`` (the format spec decide
   is allowed, as in the spec's grammar.
 * Timestamps are int64 milliseconds; the library also takes floats and NaN. More than two tokens
   after the series is an error; the library silently uses the last one as the timestamp.
-* Values are Python floats of ASCII text without ``_`` (as Prometheus' ``parseFloat``); like the
-  library, overflow such as ``1e999`` gives ±Inf (Go's ``ParseFloat`` reports a range error), and
-  ``+NaN``/``-nan`` are accepted (Go rejects a signed NaN).
+* Values are Python floats of ASCII text without ``_``, as Prometheus' ``parseFloat`` (the
+  library takes non-ASCII digits such as ``\u0661``, and turns ``-0`` into int 0, losing the
+  sign). Like the library, overflow such as ``1e999`` gives ±Inf (Go's ``ParseFloat`` reports a
+  range error) and ``+NaN`` is accepted (Go rejects a signed NaN).
 * Tokens after the series may be separated by any whitespace ``str.split`` knows, not only blanks
   and tabs; this only makes some malformed lines parse.
 """

@@ -37,8 +37,8 @@ class TargetRuntime:
 
 
 def _keep_names(needs: StoreNeeds, keep_all: bool) -> frozenset[str] | None:
-    """The metric names worth storing; None keeps every name."""
-    if keep_all or needs.names is None:
+    """The metric names worth storing; None keeps every name (also when no rule reads anything)."""
+    if keep_all or needs.names is None or not needs.names:
         return None
     return needs.names | ALWAYS_KEPT
 
@@ -72,7 +72,7 @@ class Monitor:
         """Adopt a new config: keep unchanged targets (and their caches), build new ones, drop old."""
         g = config.global_
         needs = store_needs(rules, g.lookback_delta)
-        keep_names = _keep_names(needs, self.keep_all)
+        keep_names = _keep_names(needs, self.keep_all or g.keep_unreferenced)
         keep = keep_names.__contains__ if keep_names is not None else None
         self.store.retention = needs.max_lookback + max(g.scrape_interval, g.evaluation_interval) + GC_SLACK
         old = self.targets

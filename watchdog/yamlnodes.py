@@ -35,7 +35,10 @@ def compose(text: str, problems: Problems) -> yaml.Node | None:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
-        problems.items.append(Problem(problems.file, line, "(yaml)", str(exc.problem)))
+        message = str(exc.problem)
+        if exc.context and exc.context_mark is not None:
+            message += f" ({exc.context} started on line {exc.context_mark.line + 1})"
+        problems.items.append(Problem(problems.file, line, "(yaml)", message))
     except yaml.YAMLError as exc:
         problems.items.append(Problem(problems.file, 1, "(yaml)", str(exc)))
     return None

