@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName", "color_message"}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:

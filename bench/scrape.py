@@ -1,0 +1,399 @@
+"""Load benchmark: vllm-watchdog vs. Prometheus 2.42 scraping N fake vLLM targets at 1 s.
+
+Usage: .venv/bin/python bench/scrape.py [--targets 100] [--warmup 20] [--duration 60] [--json PATH]
+
+First times parsing one real vLLM 0.32 /metrics payload (prometheus_client, our `parse`, and the
+daemon's hot path `ScrapeTarget.ingest` with a warm cache). Then serves that payload from N
+loopback ports (nginx, or a one-process asyncio server if nginx is unavailable), runs the daemon
+and Prometheus side by side against them with the bundled rules, and after a warm-up measures
+CPU, RSS, missed deadlines and skipped scrapes over a window. Prints numbers, ratios and
+informational PASS/MISS against the goals; exits non-zero only if setup fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import itertools
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_watchdog.config import GlobalConfig, bundled_rules_dir
+from vllm_watchdog.exposition import parse
+from vllm_watchdog.monitor import ALWAYS_KEPT
+from vllm_watchdog.rulefiles import load_rule_files, store_needs
+from vllm_watchdog.sources.scrape import ScrapeTarget
+from vllm_watchdog.store import SampleStore
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt"
+RULES = bundled_rules_dir() / "vllm.rules.yml"
+PROMETHEUS = "/usr/bin/prometheus"
+TICK = os.sysconf("SC_CLK_TCK")
+MIB = 1024 * 1024
+
+
+# -- parse timing ---------------------------------------------------------------------------------
+def _median(fn: Callable[[], object], runs: int) -> float:
+    """Median wall time of fn() in seconds over `runs` calls."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def parse_timings(text: str, runs: int) -> dict[str, float]:
+    """Seconds per payload: library parser, our parse, and ScrapeTarget.ingest without/with keep."""
+    needs = store_needs(load_rule_files([str(RULES)]), GlobalConfig().lookback_delta)
+    keep = (needs.names | ALWAYS_KEPT).__contains__ if needs.names else None
+    client = httpx.AsyncClient(trust_env=False)  # never used for I/O; ScrapeTarget wants one
+
+    def ingest(keep_name: Callable[[str], bool] | None) -> Callable[[], object]:
+        target = ScrapeTarget(
+            url="http://127.0.0.1:9/metrics", job="vllm", instance="bench", store=SampleStore(3600.0),
+            client=client, timeout=1.0, sample_limit=20_000, body_size_limit=16 * MIB, keep_name=keep_name,
+        )  # fmt: skip
+        t_ms = itertools.count(1_700_000_000_000, 1000)
+        target.ingest(text, next(t_ms))  # warm the per-target series cache
+        return lambda: target.ingest(text, next(t_ms))
+
+    def library() -> object:
+        return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+    out = {
+        "library": _median(library, runs),
+        "parse": _median(lambda: parse(text), runs),
+        "ingest_all": _median(ingest(None), runs),
+        "ingest_rules": _median(ingest(keep), runs),
+        "kept_samples": float(sum(1 for name, *_ in parse(text) if keep is None or keep(name))),
+    }
+    asyncio.run(client.aclose())
+    return out
+
+
+# -- processes ------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM the child if this benchmark dies, so no load outlives it."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a child with stdout and stderr in `log`."""
+    with log.open("wb") as out:
+        # preexec_fn is safe here: this process starts no threads.
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)  # noqa: PLW1509
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (all held open until chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def ensure_nginx() -> str | None:
+    """The nginx binary, installed with apt if missing and possible; None to use the fallback."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin"
+    if not shutil.which("nginx", path=path) and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("nginx missing: apt-get install -y nginx-light", flush=True)
+        apt = ["apt-get", "install", "-y", "nginx-light"]
+        subprocess.run(apt, check=False, capture_output=True, timeout=600)
+    return shutil.which("nginx", path=path)
+
+
+def start_targets(tmp: Path, ports: list[int], lifetime: float) -> tuple[subprocess.Popen[bytes], str]:
+    """Serve the fixture at /metrics (and 200 at /health) on every port."""
+    nginx = ensure_nginx()
+    if nginx is None:
+        argv = [sys.executable, __file__, "--serve", str(lifetime), *map(str, ports)]
+        return spawn(argv, tmp / "targets.log"), "python asyncio (nginx unavailable)"
+    www = tmp / "www"
+    www.mkdir()
+    shutil.copy(FIXTURE, www / "metrics")
+    for d in (tmp, www):
+        d.chmod(0o755)  # readable by nginx' unprivileged worker
+    listen = "\n".join(f"    listen 127.0.0.1:{p};" for p in ports)
+    temps = "".join(f"  {k}_temp_path {tmp}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "scgi"))
+    (tmp / "nginx.conf").write_text(
+        f"daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\nerror_log {tmp}/nginx-error.log warn;\n"
+        f"events {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  sendfile on;\n{temps}"
+        f"  keepalive_requests 1000000;\n  server {{\n{listen}\n    root {www};\n"
+        "    location = /metrics { default_type \"text/plain; version=0.0.4\"; }\n"
+        "    location = /health { default_type text/plain; return 200 \"OK\\n\"; }\n  }\n}\n"
+    )
+    version = subprocess.run([nginx, "-v"], check=False, capture_output=True, text=True).stderr.strip()
+    argv = [nginx, "-e", f"{tmp}/nginx-error.log", "-p", str(tmp), "-c", str(tmp / "nginx.conf")]
+    return spawn(argv, tmp / "targets.log"), version.replace("nginx version: ", "")
+
+
+async def _serve(ports: list[int], lifetime: float) -> None:
+    """Fallback fake targets: one asyncio process, HTTP/1.1 keep-alive, stops after `lifetime` s."""
+    body = FIXTURE.read_bytes()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n"
+    replies = {b"/metrics": head % len(body) + body, b"/health": head % 3 + b"OK\n"}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request = await reader.readuntil(b"\r\n\r\n")
+                path = request.split(b" ", 2)[1]
+                writer.write(replies.get(path, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, IndexError):
+            writer.close()
+
+    servers = [await asyncio.start_server(handle, "127.0.0.1", p) for p in ports]
+    await asyncio.sleep(lifetime)
+    for s in servers:
+        s.close()
+
+
+def wait_http(urls: list[str], proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    """Poll each url until it answers 200; exit with the child's log if it dies or never gets ready."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=1.0, trust_env=False) as client:
+        while urls and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if client.get(urls[0]).status_code == 200:
+                    urls = urls[1:]
+                    continue
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+    if urls:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise SystemExit(f"setup failed: {urls[0]} not ready (exit code {proc.poll()}):\n{tail}")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every child we started, then SIGKILL what is still there after 10 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# -- measurements ---------------------------------------------------------------------------------
+def cpu_seconds(pids: list[int]) -> float:
+    """utime+stime of these processes (all threads), in seconds."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Summed VmRSS of these processes, in MiB."""
+    kib = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                kib += int(line.split()[1])
+    return kib / 1024
+
+
+def children(pid: int) -> list[int]:
+    """pid and its direct children (nginx' worker)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *map(int, kids)]
+
+
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def daemon_counters(port: int) -> dict[str, float]:
+    """Summed own counters of the daemon, and how many targets are up."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0, trust_env=False).text
+    out = dict.fromkeys(("scrapes", "errors", "missed", "up", "rule_samples"), 0.0)
+    names = {"vllm_watchdog_scrapes_total": "scrapes", "vllm_watchdog_scrape_errors_total": "errors"}
+    names |= {"vllm_watchdog_missed_deadlines_total": "missed", "vllm_watchdog_target_up": "up"}
+    for name, _labels, value, _ts in parse(text):
+        if name in names:
+            out[names[name]] += value
+        out["rule_samples"] += "rule" in name  # does this build report rule evaluation at all?
+    return out
+
+
+def prom_query(port: int, query: str) -> list[float]:
+    """The sample values of an instant query against Prometheus."""
+    url = f"http://127.0.0.1:{port}/api/v1/query"
+    result = httpx.get(url, params={"query": query}, timeout=5.0, trust_env=False).json()["data"]["result"]
+    return [float(s["value"][1]) for s in result]
+
+
+def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
+    """Start targets, daemon and Prometheus; warm up; measure over the window; fill res."""
+    ports = free_ports(args.targets + 2)
+    dport, pport, tports = ports[0], ports[1], ports[2:]
+    lifetime = args.warmup + args.duration + 120
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        targets, res["targets_server"] = start_targets(tmp, tports, lifetime)
+        procs.append(targets)
+        wait_http([f"http://127.0.0.1:{p}/health" for p in tports], targets, tmp / "targets.log", 15.0)
+        glob = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+        cfg: dict[str, Any] = {"global": glob, "listen": f"127.0.0.1:{dport}"}
+        cfg["rule_files"] = ["bundled:vllm.rules.yml"]
+        cfg["targets"] = [
+            {"name": f"t{i:03d}", "url": f"http://127.0.0.1:{p}", "canary": False, "health_probe": False}
+            for i, p in enumerate(tports)
+        ]
+        (tmp / "watchdog.yml").write_text(json.dumps(cfg, indent=1))  # JSON is YAML
+        static = [{"targets": [f"127.0.0.1:{p}" for p in tports]}]
+        prom: dict[str, Any] = {"global": glob, "rule_files": [str(RULES)]}
+        prom["scrape_configs"] = [{"job_name": "vllm", "static_configs": static}]
+        (tmp / "prometheus.yml").write_text(json.dumps(prom, indent=1))
+        daemon_argv = [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(tmp / "watchdog.yml")]
+        daemon = spawn([*daemon_argv, "--log-level", "warning"], tmp / "daemon.log")
+        procs.append(daemon)
+        prometheus = spawn(
+            [PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/tsdb",
+             "--storage.tsdb.retention.time=10m", f"--web.listen-address=127.0.0.1:{pport}",
+             "--log.level=warn"],
+            tmp / "prometheus.log",
+        )  # fmt: skip
+        procs.append(prometheus)
+        wait_http([f"http://127.0.0.1:{dport}/healthz"], daemon, tmp / "daemon.log")
+        wait_http([f"http://127.0.0.1:{pport}/-/ready"], prometheus, tmp / "prometheus.log")
+        print(f"warming up {args.warmup:g} s, then measuring {args.duration:g} s ...", flush=True)
+        time.sleep(args.warmup)
+        groups = {"daemon": [daemon.pid], "prometheus": [prometheus.pid], "targets": children(targets.pid)}
+        c0, busy0, m0 = daemon_counters(dport), machine_busy(), time.monotonic()
+        cpu0 = {k: cpu_seconds(v) for k, v in groups.items()}
+        rss_max = {k: 0.0 for k in groups}
+        while (left := m0 + args.duration - time.monotonic()) > 0:
+            for k, v in groups.items():
+                rss_max[k] = max(rss_max[k], rss_mib(v))
+            time.sleep(min(1.0, left))
+        cpu1 = {k: cpu_seconds(v) for k, v in groups.items()}
+        c1, busy1, m1 = daemon_counters(dport), machine_busy(), time.monotonic()
+        window = m1 - m0
+        for k, v in groups.items():
+            res[k] = {"cpu_pct": 100 * (cpu1[k] - cpu0[k]) / window, "rss_end_mib": rss_mib(v)}
+            res[k]["rss_max_mib"] = max(rss_max[k], res[k]["rss_end_mib"])
+        res["window_s"], res["machine_busy_pct"] = window, 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
+        expected, actual = args.targets * window, c1["scrapes"] - c0["scrapes"]
+        res["daemon"] |= {"missed_deadlines": c1["missed"] - c0["missed"], "scrapes_expected": expected}
+        res["daemon"] |= {"scrapes_actual": actual, "scrapes_not_done": expected - actual}
+        res["daemon"] |= {"scrape_errors": c1["errors"] - c0["errors"], "targets_up": c1["up"]}
+        res["daemon"]["rule_metric_samples"] = c1["rule_samples"]
+        up = prom_query(pport, "up")
+        res["prometheus"] |= {"targets_up": sum(v == 1 for v in up), "targets": len(up)}
+        res["prometheus"]["rules_loaded"] = sum(prom_query(pport, "prometheus_rule_group_rules"))
+        missed = "sum(prometheus_rule_group_iterations_missed_total)"
+        res["prometheus"]["rule_iterations_missed"] = sum(prom_query(pport, missed))
+    finally:
+        stop(procs)
+
+
+# -- report ---------------------------------------------------------------------------------------
+def _goal(label: str, value: str, ok: bool) -> str:
+    return f"  {label:<44}{value:>18}   {'PASS' if ok else 'MISS'}"
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the numbers, ratios and goals."""
+    p = res["parse"]
+    lib = p["library"]
+    print(f"\nmachine: nproc={res['nproc']}, loadavg before start {res['loadavg']}, {res['python']}")
+    print(f"payload: {FIXTURE.name}: {res['payload_kb']:.1f} kB, {res['samples']} samples "
+          f"({p['kept_samples']:.0f} referenced by the bundled rules)")  # fmt: skip
+    print(f"\nparse time per payload (median of {args.runs} runs, before any load):")
+    rows = {"library": "prometheus_client text_string_to_metric_families"}
+    rows |= {"parse": "vllm_watchdog.exposition.parse"}
+    rows |= {"ingest_all": "ScrapeTarget.ingest, keep_name=None"}
+    rows |= {"ingest_rules": "ScrapeTarget.ingest, keep_name=rule names (daemon)"}
+    for key, label in rows.items():
+        print(f"  {label:<52}{p[key] * 1e3:8.3f} ms  {p[key] / lib:6.3f}x library")
+    if "daemon" not in res:
+        return
+    d, pr, t = res["daemon"], res["prometheus"], res["targets"]
+    print(f"\nload: {args.targets} targets ({res['targets_server']}), scrape + evaluation interval 1 s, "
+          f"warm-up {args.warmup:g} s, window {res['window_s']:.1f} s")  # fmt: skip
+    print(f"  {'process':<28}{'CPU % of a core':>16}{'RSS end MiB':>14}{'RSS max MiB':>14}")
+    for label, r in (("vllm-watchdog (python)", d), ("prometheus 2.42", pr), ("fake targets", t)):
+        print(f"  {label:<28}{r['cpu_pct']:16.1f}{r['rss_end_mib']:14.1f}{r['rss_max_mib']:14.1f}")
+    ours = (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
+    print(f"  machine busy {res['machine_busy_pct']:.1f}% of all {res['nproc']} cores: these three "
+          f"{ours:.1f}%, everything else (this script, other load) {res['machine_busy_pct'] - ours:.1f}%")
+    print(f"daemon: target scrapes expected {d['scrapes_expected']:.0f}, done {d['scrapes_actual']:.0f}, "
+          f"not done {d['scrapes_not_done']:.0f} ({d['scrapes_not_done'] / res['window_s']:.2f}/s); "
+          f"missed deadlines {d['missed_deadlines']:.0f}; scrape errors {d['scrape_errors']:.0f}; "
+          f"targets up {d['targets_up']:.0f}/{args.targets}")  # fmt: skip
+    print(f"prometheus: targets up {pr['targets_up']}/{pr['targets']}; "
+          f"rules loaded {pr['rules_loaded']:.0f}, "
+          f"rule group iterations missed since start {pr['rule_iterations_missed']:.0f}")  # fmt: skip
+    if not d["rule_metric_samples"]:
+        print("note: the daemon's /metrics has no rule metrics: this build may not evaluate rules yet")
+    cpu_ratio = d["cpu_pct"] / pr["cpu_pct"] if pr["cpu_pct"] else float("inf")
+    print("\ngoals (informational):")
+    for key, label in (("ingest_rules", "daemon ingest"), ("ingest_all", "ingest, keep all")):
+        print(_goal(f"parse ({label}) <= 0.2x library", f"{p[key] / lib:.3f}x", p[key] <= 0.2 * lib))
+    print(_goal("daemon CPU <= 15% of one core", f"{d['cpu_pct']:.1f}%", d["cpu_pct"] <= 15))
+    print(_goal("daemon CPU <= 0.5x Prometheus", f"{cpu_ratio:.2f}x", cpu_ratio <= 0.5))
+    print(_goal("daemon RSS <= 64 MiB (max sampled)", f"{d['rss_max_mib']:.1f} MiB", d["rss_max_mib"] <= 64))
+    print(_goal("zero missed deadlines", f"{d['missed_deadlines']:.0f}", d["missed_deadlines"] == 0))
+
+
+def main() -> int:
+    """Parse arguments, run the parse timings and the load, print and optionally save results."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--targets", type=int, default=100, help="fake vLLM targets (default 100)")
+    ap.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring (default 20)")
+    ap.add_argument("--duration", type=float, default=60.0, help="measurement window in s (default 60)")
+    ap.add_argument("--runs", type=int, default=51, help="parse timing runs (default 51)")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)  # internal: LIFETIME PORT...
+    args = ap.parse_args()
+    if args.serve:
+        asyncio.run(_serve([int(p) for p in args.serve[1:]], float(args.serve[0])))
+        return 0
+    if not os.access(PROMETHEUS, os.X_OK):
+        print(f"{PROMETHEUS} not found: install it with `apt-get install prometheus`", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup in `finally`
+    text = FIXTURE.read_text()
+    res: dict[str, Any] = {"nproc": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    res |= {"python": f"Python {platform.python_version()}", "payload_kb": len(text.encode()) / 1000}
+    res |= {"samples": len(parse(text)), "parse": parse_timings(text, args.runs)}
+    with tempfile.TemporaryDirectory(prefix="vw-bench-") as tmp:
+        run_load(args, Path(tmp), res)
+    report(res, args)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

