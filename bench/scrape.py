@@ -140,8 +140,8 @@ def start_targets(tmp: Path, ports: list[int], lifetime: float) -> tuple[subproc
         f"daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\nerror_log {tmp}/nginx-error.log warn;\n"
         f"events {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  sendfile on;\n{temps}"
         f"  keepalive_requests 1000000;\n  server {{\n{listen}\n    root {www};\n"
-        "    location = /metrics { default_type \"text/plain; version=0.0.4\"; }\n"
-        "    location = /health { default_type text/plain; return 200 \"OK\\n\"; }\n  }\n}\n"
+        '    location = /metrics { default_type "text/plain; version=0.0.4"; }\n'
+        '    location = /health { default_type text/plain; return 200 "OK\\n"; }\n  }\n}\n'
     )
     version = subprocess.run([nginx, "-v"], check=False, capture_output=True, text=True).stderr.strip()
     argv = [nginx, "-e", f"{tmp}/nginx-error.log", "-p", str(tmp), "-c", str(tmp / "nginx.conf")]
@@ -345,8 +345,10 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     for label, r in (("vllm-watchdog (python)", d), ("prometheus 2.42", pr), ("fake targets", t)):
         print(f"  {label:<28}{r['cpu_pct']:16.1f}{r['rss_end_mib']:14.1f}{r['rss_max_mib']:14.1f}")
     ours = (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
-    print(f"  machine busy {res['machine_busy_pct']:.1f}% of all {res['nproc']} cores: these three "
-          f"{ours:.1f}%, everything else (this script, other load) {res['machine_busy_pct'] - ours:.1f}%")
+    print(
+        f"  machine busy {res['machine_busy_pct']:.1f}% of all {res['nproc']} cores: these three "
+        f"{ours:.1f}%, everything else (this script, other load) {res['machine_busy_pct'] - ours:.1f}%"
+    )
     print(f"daemon: target scrapes expected {d['scrapes_expected']:.0f}, done {d['scrapes_actual']:.0f}, "
           f"not done {d['scrapes_not_done']:.0f} ({d['scrapes_not_done'] / res['window_s']:.2f}/s); "
           f"missed deadlines {d['missed_deadlines']:.0f}; scrape errors {d['scrape_errors']:.0f}; "

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vllm_watchdog.daemon import Daemon
+
 from faultserver import FaultServer
 from vllm_server import free_port
-from vllm_watchdog.daemon import Daemon
 
 pytestmark = pytest.mark.anyio
 PAYLOAD = 'vllm:num_requests_waiting{model_name="m"} 3\nvllm:num_requests_running{model_name="m"} 1\n'
@@ -71,7 +72,7 @@ async def daemon(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Daem
 
 
 async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]) -> None:
-    d, base, _ = daemon
+    _, base, _ = daemon
     async with httpx.AsyncClient() as client:
         targets = await wait_for(
             client,

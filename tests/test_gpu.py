@@ -7,15 +7,16 @@ import httpx
 import pynvml
 import pytest
 
-from fake_nvml import FakeNvml
-from faultserver import FaultServer
-from test_daemon import wait_for
-from vllm_server import free_port
 from vllm_watchdog.daemon import Daemon
 from vllm_watchdog.sources.gpu import GpuCollector
 from vllm_watchdog.sources.nvml import NvmlSource
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, is_stale
+
+from fake_nvml import FakeNvml
+from faultserver import FaultServer
+from test_daemon import wait_for
+from vllm_server import free_port
 
 DCGM_PAYLOAD = """# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge
@@ -55,8 +56,14 @@ async def test_dcgm_exporter_payload_with_legacy_name(fault: FaultServer) -> Non
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
         t = ScrapeTarget(
-            url=fault.url + "/metrics", job="dcgm", instance="127.0.0.1:9400", store=store, client=client,
-            timeout=1, sample_limit=100, body_size_limit=1 << 20,
+            url=fault.url + "/metrics",
+            job="dcgm",
+            instance="127.0.0.1:9400",
+            store=store,
+            client=client,
+            timeout=1,
+            sample_limit=100,
+            body_size_limit=1 << 20,
         )
         assert (await t.scrape(1.0)).up
     (reasons,) = store.select("DCGM_FI_DEV_CLOCKS_EVENT_REASONS")

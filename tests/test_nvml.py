@@ -10,10 +10,12 @@ from collections import Counter
 
 import pynvml
 import pytest
-from fake_nvml import GIB, FakeNvml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vllm_watchdog.sources.nvml import XID_TOTAL, GpuSample, NvmlError, NvmlSource
+
+from fake_nvml import GIB, FakeNvml
 
 GPU_LABELS = {"gpu", "UUID", "device", "modelName", "Hostname"}
 

@@ -5,9 +5,10 @@ import json
 import httpx
 import pytest
 
-from faultserver import FaultServer
 from vllm_watchdog.config import CanaryConfig
 from vllm_watchdog.sources.probes import CanaryProbe, HealthProbe
+
+from faultserver import FaultServer
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_watchdog.daemon import Daemon
+
 from test_daemon import wait_for
 from vllm_server import VllmServer, free_port
-from vllm_watchdog.daemon import Daemon
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
@@ -42,8 +43,10 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
     try:
         async with httpx.AsyncClient(timeout=10) as client:
             targets = await wait_for(
-                client, base + "/api/v1/targets",
-                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"], limit=90,
+                client,
+                base + "/api/v1/targets",
+                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                limit=90,
             )
             assert targets["data"][0]["health"]["up"] is True  # type: ignore[index]
             running = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
@@ -55,29 +58,39 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
             assert (await client.get(series_url, params={"match": "vllm:request_params_n_bucket"})).json()[
                 "data"
             ] == []
-            ttft = (await client.get(series_url, params={"match": "vllm:time_to_first_token_seconds_bucket"})).json()
+            ttft = (
+                await client.get(series_url, params={"match": "vllm:time_to_first_token_seconds_bucket"})
+            ).json()
             assert len(ttft["data"]) > 5
 
             vllm_server.stop(signal.SIGKILL)
             await wait_for(
-                client, series_url + "?match=up",
-                lambda j: last(j["data"][0]) == "0.0", limit=30,
+                client,
+                series_url + "?match=up",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=30,
             )
             gone = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
             assert last(gone["data"][0]) == "stale"
             await wait_for(
-                client, series_url + "?match=vllm_watchdog_health_up",
-                lambda j: last(j["data"][0]) == "0.0", limit=30,
+                client,
+                series_url + "?match=vllm_watchdog_health_up",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=30,
             )
 
             vllm_server.start()
             await wait_for(
-                client, series_url + "?match=vllm:num_requests_running",
-                lambda j: last(j["data"][0]) == "0.0", limit=60,
+                client,
+                series_url + "?match=vllm:num_requests_running",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=60,
             )
             await wait_for(
-                client, base + "/api/v1/targets",
-                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"], limit=90,
+                client,
+                base + "/api/v1/targets",
+                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                limit=90,
             )
     finally:
         if vllm_server.proc is None or vllm_server.proc.poll() is not None:
@@ -94,7 +107,9 @@ def test_targets_command_against_real_vllm(tmp_path: Path, vllm_server: VllmServ
     )
     out = subprocess.run(
         [sys.executable, "-m", "vllm_watchdog", "targets", "--config", str(cfg)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2, out.stderr  # one target is down
     header, real, down = out.stdout.splitlines()
