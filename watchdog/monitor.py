@@ -15,7 +15,7 @@ import httpx
 from .config import Config, TargetConfig
 from .rulefiles import RuleGroup, StoreNeeds, store_needs
 from .sources.gpu import GpuCollector
-from .sources.probes import CanaryProbe, HealthProbe
+from .sources.probes import CanaryProbe, HealthProbe, ProbeStatus
 from .sources.scrape import ScrapeTarget
 from .store import SampleStore, make_labels
 
@@ -131,8 +131,17 @@ class Monitor:
         canary = CanaryProbe(tc.url, tc.canary, self.client, self.monotonic) if tc.canary.enabled else None
         return TargetRuntime(tc, scrape, health, canary, {**tc.labels, "job": "vllm", "instance": tc.name})
 
-    def _probe_sample(self, rt: TargetRuntime, name: str, now: float, value: float) -> None:
-        self.store.append(make_labels(name, rt.labels), math.floor(now * 1000), value)
+    def _record_probe(
+        self, rt: TargetRuntime, st: ProbeStatus, ok_name: str, latency_name: str, now: float
+    ) -> None:
+        """Log a failed probe and store its outcome and latency as samples of the target."""
+        if not st.ok:
+            log.warning(
+                "probe failed", extra={"target": rt.config.name, "probe": ok_name, "error": st.last_error}
+            )
+        t_ms = math.floor(now * 1000)
+        self.store.append(make_labels(ok_name, rt.labels), t_ms, 1.0 if st.ok else 0.0)
+        self.store.append(make_labels(latency_name, rt.labels), t_ms, st.latency)
 
     async def scrape(self, name: str, now: float) -> None:
         """Scrape one target's /metrics."""
@@ -149,10 +158,7 @@ class Monitor:
         if rt is None:
             return
         st = await rt.health.probe(now)
-        if not st.ok:
-            log.warning("health probe failed", extra={"target": name, "error": st.last_error})
-        self._probe_sample(rt, "vllm_watchdog_health_up", now, 1.0 if st.ok else 0.0)
-        self._probe_sample(rt, "vllm_watchdog_health_latency_seconds", now, st.latency)
+        self._record_probe(rt, st, "vllm_watchdog_health_up", "vllm_watchdog_health_latency_seconds", now)
 
     async def probe_canary(self, name: str, now: float) -> None:
         """Send one target's canary completion and record it as samples."""
@@ -160,10 +166,9 @@ class Monitor:
         if rt is None or rt.canary is None:
             return
         st = await rt.canary.probe(now)
-        if not st.ok:
-            log.warning("canary failed", extra={"target": name, "error": st.last_error})
-        self._probe_sample(rt, "vllm_watchdog_canary_success", now, 1.0 if st.ok else 0.0)
-        self._probe_sample(rt, "vllm_watchdog_canary_latency_seconds", now, st.latency)
+        self._record_probe(
+            rt, st, "vllm_watchdog_canary_success", "vllm_watchdog_canary_latency_seconds", now
+        )
 
     async def scrape_dcgm(self, now: float) -> None:
         """Scrape the dcgm-exporter, if configured."""
