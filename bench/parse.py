@@ -73,7 +73,7 @@ def synthetic_payload(model: str = "meta-llama/Llama-3.1-8B-Instruct") -> str:
     return generate_latest(reg).decode()
 
 
-def _median_seconds(fn: Callable[[], object], runs: int) -> float:
+def median_seconds(fn: Callable[[], object], runs: int) -> float:
     """Median wall time of fn() over runs runs."""
     times = []
     for _ in range(runs):
@@ -109,9 +109,9 @@ def main() -> None:
 
     nsamples = len(parse(text))
     hot()  # warm the cache
-    lib = _median_seconds(library, args.runs)
-    full = _median_seconds(lambda: parse(text), args.runs)
-    hot_t = _median_seconds(hot, args.runs)
+    lib = median_seconds(library, args.runs)
+    full = median_seconds(lambda: parse(text), args.runs)
+    hot_t = median_seconds(hot, args.runs)
     print(f"payload: {source}: {len(text.encode()) / 1000:.1f} kB, {nsamples} samples")
     print(f"median of {args.runs} runs, per payload:")
     for label, t in (("(a) prometheus_client", lib), ("(b) parse, cold", full)):

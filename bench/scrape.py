@@ -1,13 +1,13 @@
-"""Load benchmark: vllm-watchdog vs. Prometheus 2.42 scraping N fake vLLM targets at 1 s.
+"""Load benchmark: vllm-watchdog vs. Prometheus 2.42 scraping N fake vLLM targets every 1 s.
 
 Usage: .venv/bin/python bench/scrape.py [--targets 100] [--warmup 20] [--duration 60] [--json PATH]
 
 First times parsing one real vLLM 0.32 /metrics payload (prometheus_client, our `parse`, and the
-daemon's hot path `ScrapeTarget.ingest` with a warm cache). Then serves that payload from N
-loopback ports (nginx, or a one-process asyncio server if nginx is unavailable), runs the daemon
-and Prometheus side by side against them with the bundled rules, and after a warm-up measures
-CPU, RSS, missed deadlines and skipped scrapes over a window. Prints numbers, ratios and
-informational PASS/MISS against the goals; exits non-zero only if setup fails.
+daemon's hot path `ScrapeTarget.ingest` with a warm cache), before any load runs. Then serves the
+payload from N loopback ports (nginx, or a one-process asyncio server if nginx is unavailable),
+runs the daemon and Prometheus side by side against them with the bundled rules, and after a
+warm-up measures CPU, RSS, missed deadlines and skipped scrapes over a window. Prints numbers,
+ratios and informational PASS/MISS against the goals; exits non-zero only if setup fails.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from parse import median_seconds  # bench/ is on sys.path when run as a script
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_watchdog.config import GlobalConfig, bundled_rules_dir
@@ -45,30 +45,25 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm-
 RULES = bundled_rules_dir() / "vllm.rules.yml"
 PROMETHEUS = "/usr/bin/prometheus"
 TICK = os.sysconf("SC_CLK_TCK")
-MIB = 1024 * 1024
+# Own metrics read at the window's edges: sample name -> short key (values summed over labels).
+DAEMON_METRICS = {"vllm_watchdog_scrapes_total": "scrapes", "vllm_watchdog_scrape_errors_total": "errors"}
+DAEMON_METRICS |= {"vllm_watchdog_missed_deadlines_total": "missed", "vllm_watchdog_target_up": "up"}
+PROM_METRICS = {"prometheus_target_interval_length_seconds_count": "scrapes"}  # +1 per scrape
+PROM_METRICS |= {"prometheus_rule_group_rules": "rules", "prometheus_rule_evaluations_total": "evals"}
+PROM_METRICS |= {"prometheus_rule_group_iterations_missed_total": "missed"}
 
 
 # -- parse timing ---------------------------------------------------------------------------------
-def _median(fn: Callable[[], object], runs: int) -> float:
-    """Median wall time of fn() in seconds over `runs` calls."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def parse_timings(text: str, runs: int) -> dict[str, float]:
     """Seconds per payload: library parser, our parse, and ScrapeTarget.ingest without/with keep."""
     needs = store_needs(load_rule_files([str(RULES)]), GlobalConfig().lookback_delta)
-    keep = (needs.names | ALWAYS_KEPT).__contains__ if needs.names else None
+    keep = (needs.names | ALWAYS_KEPT).__contains__ if needs.names else None  # as Monitor does
     client = httpx.AsyncClient(trust_env=False)  # never used for I/O; ScrapeTarget wants one
 
     def ingest(keep_name: Callable[[str], bool] | None) -> Callable[[], object]:
         target = ScrapeTarget(
             url="http://127.0.0.1:9/metrics", job="vllm", instance="bench", store=SampleStore(3600.0),
-            client=client, timeout=1.0, sample_limit=20_000, body_size_limit=16 * MIB, keep_name=keep_name,
+            client=client, timeout=1.0, sample_limit=20_000, body_size_limit=1 << 24, keep_name=keep_name,
         )  # fmt: skip
         t_ms = itertools.count(1_700_000_000_000, 1000)
         target.ingest(text, next(t_ms))  # warm the per-target series cache
@@ -78,10 +73,10 @@ def parse_timings(text: str, runs: int) -> dict[str, float]:
         return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
     out = {
-        "library": _median(library, runs),
-        "parse": _median(lambda: parse(text), runs),
-        "ingest_all": _median(ingest(None), runs),
-        "ingest_rules": _median(ingest(keep), runs),
+        "library": median_seconds(library, runs),
+        "parse": median_seconds(lambda: parse(text), runs),
+        "ingest_all": median_seconds(ingest(None), runs),
+        "ingest_rules": median_seconds(ingest(keep), runs),
         "kept_samples": float(sum(1 for name, *_ in parse(text) if keep is None or keep(name))),
     }
     asyncio.run(client.aclose())
@@ -95,22 +90,20 @@ def _die_with_parent() -> None:
 
 
 def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a child with stdout and stderr in `log`."""
+    """Start a child with stdout and stderr in `log` (preexec_fn is safe: we start no threads)."""
     with log.open("wb") as out:
-        # preexec_fn is safe here: this process starts no threads.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)  # noqa: PLW1509
 
 
 def free_ports(n: int) -> list[int]:
     """n distinct free TCP ports on 127.0.0.1 (all held open until chosen)."""
     socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def ensure_nginx() -> str | None:
@@ -124,22 +117,22 @@ def ensure_nginx() -> str | None:
 
 
 def start_targets(tmp: Path, ports: list[int], lifetime: float) -> tuple[subprocess.Popen[bytes], str]:
-    """Serve the fixture at /metrics (and 200 at /health) on every port."""
+    """Serve the fixture at /metrics (and 200 at /health) on every port; return process and kind."""
     nginx = ensure_nginx()
     if nginx is None:
         argv = [sys.executable, __file__, "--serve", str(lifetime), *map(str, ports)]
-        return spawn(argv, tmp / "targets.log"), "python asyncio (nginx unavailable)"
+        return spawn(argv, tmp / "targets.log"), "python asyncio, nginx unavailable"
     www = tmp / "www"
     www.mkdir()
     shutil.copy(FIXTURE, www / "metrics")
     for d in (tmp, www):
         d.chmod(0o755)  # readable by nginx' unprivileged worker
-    listen = "\n".join(f"    listen 127.0.0.1:{p};" for p in ports)
+    listen = "".join(f"    listen 127.0.0.1:{p};\n" for p in ports)
     temps = "".join(f"  {k}_temp_path {tmp}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "scgi"))
     (tmp / "nginx.conf").write_text(
         f"daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\nerror_log {tmp}/nginx-error.log warn;\n"
         f"events {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  sendfile on;\n{temps}"
-        f"  keepalive_requests 1000000;\n  server {{\n{listen}\n    root {www};\n"
+        f"  keepalive_requests 1000000;\n  server {{\n{listen}    root {www};\n"
         '    location = /metrics { default_type "text/plain; version=0.0.4"; }\n'
         '    location = /health { default_type text/plain; return 200 "OK\\n"; }\n  }\n}\n'
     )
@@ -200,6 +193,26 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
+def write_configs(tmp: Path, dport: int, pport: int, tports: list[int]) -> tuple[list[str], list[str]]:
+    """Write both configs (JSON is YAML); return the daemon's and Prometheus' command lines."""
+    glob = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+    targets = [
+        {"name": f"t{i:03d}", "url": f"http://127.0.0.1:{p}", "canary": False, "health_probe": False}
+        for i, p in enumerate(tports)
+    ]
+    cfg = {"global": glob, "listen": f"127.0.0.1:{dport}", "rule_files": ["bundled:vllm.rules.yml"]}
+    (tmp / "watchdog.yml").write_text(json.dumps({**cfg, "targets": targets}, indent=1))
+    static = [{"targets": [f"127.0.0.1:{p}" for p in tports]}]
+    scrape_configs = [{"job_name": "vllm", "static_configs": static}]
+    prom = {"global": glob, "rule_files": [str(RULES)], "scrape_configs": scrape_configs}
+    (tmp / "prometheus.yml").write_text(json.dumps(prom, indent=1))
+    daemon = [sys.executable, "-m", "vllm_watchdog", "run", "--config", f"{tmp}/watchdog.yml"]
+    return [*daemon, "--log-level", "warning"], [
+        PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/tsdb",
+        "--storage.tsdb.retention.time=10m", f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn",
+    ]  # fmt: skip
+
+
 # -- measurements ---------------------------------------------------------------------------------
 def cpu_seconds(pids: list[int]) -> float:
     """utime+stime of these processes (all threads), in seconds."""
@@ -212,18 +225,8 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def rss_mib(pids: list[int]) -> float:
     """Summed VmRSS of these processes, in MiB."""
-    kib = 0
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                kib += int(line.split()[1])
-    return kib / 1024
-
-
-def children(pid: int) -> list[int]:
-    """pid and its direct children (nginx' worker)."""
-    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *map(int, kids)]
+    lines = [ln for pid in pids for ln in Path(f"/proc/{pid}/status").read_text().splitlines()]
+    return sum(int(ln.split()[1]) for ln in lines if ln.startswith("VmRSS:")) / 1024
 
 
 def machine_busy() -> tuple[int, int]:
@@ -232,131 +235,100 @@ def machine_busy() -> tuple[int, int]:
     return sum(v) - v[3] - v[4], sum(v)
 
 
-def daemon_counters(port: int) -> dict[str, float]:
-    """Summed own counters of the daemon, and how many targets are up."""
+def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
+    """Sums of some samples of a process' own /metrics by short key; `rule` counts rule samples."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0, trust_env=False).text
-    out = dict.fromkeys(("scrapes", "errors", "missed", "up", "rule_samples"), 0.0)
-    names = {"vllm_watchdog_scrapes_total": "scrapes", "vllm_watchdog_scrape_errors_total": "errors"}
-    names |= {"vllm_watchdog_missed_deadlines_total": "missed", "vllm_watchdog_target_up": "up"}
+    out = dict.fromkeys([*names.values(), "rule"], 0.0)
     for name, _labels, value, _ts in parse(text):
         if name in names:
             out[names[name]] += value
-        out["rule_samples"] += "rule" in name  # does this build report rule evaluation at all?
+        out["rule"] += "rule" in name  # does this build report rule evaluation at all?
     return out
 
 
-def prom_query(port: int, query: str) -> list[float]:
-    """The sample values of an instant query against Prometheus."""
+def prometheus_up(port: int) -> int:
+    """How many targets Prometheus' `up` says are up."""
     url = f"http://127.0.0.1:{port}/api/v1/query"
-    result = httpx.get(url, params={"query": query}, timeout=5.0, trust_env=False).json()["data"]["result"]
-    return [float(s["value"][1]) for s in result]
+    result = httpx.get(url, params={"query": "up"}, timeout=5.0, trust_env=False).json()["data"]["result"]
+    return sum(1 for s in result if s["value"][1] == "1")
 
 
 def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
     """Start targets, daemon and Prometheus; warm up; measure over the window; fill res."""
-    ports = free_ports(args.targets + 2)
-    dport, pport, tports = ports[0], ports[1], ports[2:]
-    lifetime = args.warmup + args.duration + 120
+    dport, pport, *tports = free_ports(args.targets + 2)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        targets, res["targets_server"] = start_targets(tmp, tports, lifetime)
+        targets, res["targets_server"] = start_targets(tmp, tports, args.warmup + args.duration + 120)
         procs.append(targets)
         wait_http([f"http://127.0.0.1:{p}/health" for p in tports], targets, tmp / "targets.log", 15.0)
-        glob = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
-        cfg: dict[str, Any] = {"global": glob, "listen": f"127.0.0.1:{dport}"}
-        cfg["rule_files"] = ["bundled:vllm.rules.yml"]
-        cfg["targets"] = [
-            {"name": f"t{i:03d}", "url": f"http://127.0.0.1:{p}", "canary": False, "health_probe": False}
-            for i, p in enumerate(tports)
-        ]
-        (tmp / "watchdog.yml").write_text(json.dumps(cfg, indent=1))  # JSON is YAML
-        static = [{"targets": [f"127.0.0.1:{p}" for p in tports]}]
-        prom: dict[str, Any] = {"global": glob, "rule_files": [str(RULES)]}
-        prom["scrape_configs"] = [{"job_name": "vllm", "static_configs": static}]
-        (tmp / "prometheus.yml").write_text(json.dumps(prom, indent=1))
-        daemon_argv = [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(tmp / "watchdog.yml")]
-        daemon = spawn([*daemon_argv, "--log-level", "warning"], tmp / "daemon.log")
-        procs.append(daemon)
-        prometheus = spawn(
-            [PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/tsdb",
-             "--storage.tsdb.retention.time=10m", f"--web.listen-address=127.0.0.1:{pport}",
-             "--log.level=warn"],
-            tmp / "prometheus.log",
-        )  # fmt: skip
-        procs.append(prometheus)
+        daemon_argv, prom_argv = write_configs(tmp, dport, pport, tports)
+        procs.append(daemon := spawn(daemon_argv, tmp / "daemon.log"))
+        procs.append(prom := spawn(prom_argv, tmp / "prometheus.log"))
         wait_http([f"http://127.0.0.1:{dport}/healthz"], daemon, tmp / "daemon.log")
-        wait_http([f"http://127.0.0.1:{pport}/-/ready"], prometheus, tmp / "prometheus.log")
+        wait_http([f"http://127.0.0.1:{pport}/-/ready"], prom, tmp / "prometheus.log")
         print(f"warming up {args.warmup:g} s, then measuring {args.duration:g} s ...", flush=True)
         time.sleep(args.warmup)
-        groups = {"daemon": [daemon.pid], "prometheus": [prometheus.pid], "targets": children(targets.pid)}
-        c0, busy0, m0 = daemon_counters(dport), machine_busy(), time.monotonic()
-        cpu0 = {k: cpu_seconds(v) for k, v in groups.items()}
-        rss_max = {k: 0.0 for k in groups}
+        kids = [int(k) for k in Path(f"/proc/{targets.pid}/task/{targets.pid}/children").read_text().split()]
+        groups = {"daemon": [daemon.pid], "prometheus": [prom.pid], "targets": [targets.pid, *kids]}
+        d0, p0 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
+        busy0, cpu0, m0 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
+        rss_max = dict.fromkeys(groups, 0.0)
         while (left := m0 + args.duration - time.monotonic()) > 0:
-            for k, v in groups.items():
-                rss_max[k] = max(rss_max[k], rss_mib(v))
+            rss_max = {k: max(rss_max[k], rss_mib(v)) for k, v in groups.items()}
             time.sleep(min(1.0, left))
-        cpu1 = {k: cpu_seconds(v) for k, v in groups.items()}
-        c1, busy1, m1 = daemon_counters(dport), machine_busy(), time.monotonic()
-        window = m1 - m0
+        busy1, cpu1, m1 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
+        d1, p1 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
+        window = res["window_s"] = m1 - m0
+        res["machine_busy_pct"] = 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
+        res["scrapes_expected"] = args.targets * window
         for k, v in groups.items():
             res[k] = {"cpu_pct": 100 * (cpu1[k] - cpu0[k]) / window, "rss_end_mib": rss_mib(v)}
             res[k]["rss_max_mib"] = max(rss_max[k], res[k]["rss_end_mib"])
-        res["window_s"], res["machine_busy_pct"] = window, 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
-        expected, actual = args.targets * window, c1["scrapes"] - c0["scrapes"]
-        res["daemon"] |= {"missed_deadlines": c1["missed"] - c0["missed"], "scrapes_expected": expected}
-        res["daemon"] |= {"scrapes_actual": actual, "scrapes_not_done": expected - actual}
-        res["daemon"] |= {"scrape_errors": c1["errors"] - c0["errors"], "targets_up": c1["up"]}
-        res["daemon"]["rule_metric_samples"] = c1["rule_samples"]
-        up = prom_query(pport, "up")
-        res["prometheus"] |= {"targets_up": sum(v == 1 for v in up), "targets": len(up)}
-        res["prometheus"]["rules_loaded"] = sum(prom_query(pport, "prometheus_rule_group_rules"))
-        missed = "sum(prometheus_rule_group_iterations_missed_total)"
-        res["prometheus"]["rule_iterations_missed"] = sum(prom_query(pport, missed))
+        for k, a, b in (("daemon", d0, d1), ("prometheus", p0, p1)):
+            res[k] |= {f"{n}_delta": b[n] - a[n] for n in a if n not in ("up", "rule")}
+            res[k]["rule_samples"] = b["rule"]
+            res[k]["scrapes_not_done"] = res["scrapes_expected"] - res[k]["scrapes_delta"]
+        res["daemon"]["targets_up"], res["prometheus"]["targets_up"] = d1["up"], prometheus_up(pport)
+        res["prometheus"]["rules_loaded"] = p1["rules"]
     finally:
         stop(procs)
 
 
 # -- report ---------------------------------------------------------------------------------------
 def _goal(label: str, value: str, ok: bool) -> str:
-    return f"  {label:<44}{value:>18}   {'PASS' if ok else 'MISS'}"
+    return f"  {label:<44}{value:>12}   {'PASS' if ok else 'MISS'}"
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     """Print the numbers, ratios and goals."""
-    p = res["parse"]
-    lib = p["library"]
+    p, lib = res["parse"], res["parse"]["library"]
     print(f"\nmachine: nproc={res['nproc']}, loadavg before start {res['loadavg']}, {res['python']}")
     print(f"payload: {FIXTURE.name}: {res['payload_kb']:.1f} kB, {res['samples']} samples "
-          f"({p['kept_samples']:.0f} referenced by the bundled rules)")  # fmt: skip
+          f"({p['kept_samples']:.0f} of them named by the bundled rules)")  # fmt: skip
     print(f"\nparse time per payload (median of {args.runs} runs, before any load):")
     rows = {"library": "prometheus_client text_string_to_metric_families"}
-    rows |= {"parse": "vllm_watchdog.exposition.parse"}
-    rows |= {"ingest_all": "ScrapeTarget.ingest, keep_name=None"}
+    rows |= {"parse": "vllm_watchdog.exposition.parse", "ingest_all": "ScrapeTarget.ingest, keep_name=None"}
     rows |= {"ingest_rules": "ScrapeTarget.ingest, keep_name=rule names (daemon)"}
     for key, label in rows.items():
         print(f"  {label:<52}{p[key] * 1e3:8.3f} ms  {p[key] / lib:6.3f}x library")
-    if "daemon" not in res:
-        return
-    d, pr, t = res["daemon"], res["prometheus"], res["targets"]
+    d, pr, t, window = res["daemon"], res["prometheus"], res["targets"], res["window_s"]
     print(f"\nload: {args.targets} targets ({res['targets_server']}), scrape + evaluation interval 1 s, "
-          f"warm-up {args.warmup:g} s, window {res['window_s']:.1f} s")  # fmt: skip
+          f"warm-up {args.warmup:g} s, window {window:.1f} s")  # fmt: skip
     print(f"  {'process':<28}{'CPU % of a core':>16}{'RSS end MiB':>14}{'RSS max MiB':>14}")
     for label, r in (("vllm-watchdog (python)", d), ("prometheus 2.42", pr), ("fake targets", t)):
         print(f"  {label:<28}{r['cpu_pct']:16.1f}{r['rss_end_mib']:14.1f}{r['rss_max_mib']:14.1f}")
-    ours = (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
-    print(
-        f"  machine busy {res['machine_busy_pct']:.1f}% of all {res['nproc']} cores: these three "
-        f"{ours:.1f}%, everything else (this script, other load) {res['machine_busy_pct'] - ours:.1f}%"
-    )
-    print(f"daemon: target scrapes expected {d['scrapes_expected']:.0f}, done {d['scrapes_actual']:.0f}, "
-          f"not done {d['scrapes_not_done']:.0f} ({d['scrapes_not_done'] / res['window_s']:.2f}/s); "
-          f"missed deadlines {d['missed_deadlines']:.0f}; scrape errors {d['scrape_errors']:.0f}; "
-          f"targets up {d['targets_up']:.0f}/{args.targets}")  # fmt: skip
-    print(f"prometheus: targets up {pr['targets_up']}/{pr['targets']}; "
-          f"rules loaded {pr['rules_loaded']:.0f}, "
-          f"rule group iterations missed since start {pr['rule_iterations_missed']:.0f}")  # fmt: skip
-    if not d["rule_metric_samples"]:
+    busy, ours = res["machine_busy_pct"], (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
+    print(f"  machine busy {busy:.1f}% of all {res['nproc']} cores: these three {ours:.1f}%, "
+          f"everything else (this script, other load) {busy - ours:.1f}%")  # fmt: skip
+    print(f"target scrapes expected: {args.targets} targets x {window:.1f} s = {res['scrapes_expected']:.0f}")
+    for label, r in (("daemon", d), ("prometheus", pr)):
+        not_done = r["scrapes_not_done"]
+        print(f"  {label:<11} done {r['scrapes_delta']:5.0f}, not done {not_done:4.0f} "
+              f"({not_done / window:5.2f}/s), up at end {r['targets_up']:.0f}/{args.targets}")  # fmt: skip
+    print(f"daemon: missed deadlines {d['missed_delta']:.0f}, scrape errors {d['errors_delta']:.0f}")
+    print(f"prometheus: rules loaded {pr['rules_loaded']:.0f}, rule evaluations {pr['evals_delta']:.0f}, "
+          f"rule group iterations missed {pr['missed_delta']:.0f}")  # fmt: skip
+    if not d["rule_samples"]:
         print("note: the daemon's /metrics has no rule metrics: this build may not evaluate rules yet")
     cpu_ratio = d["cpu_pct"] / pr["cpu_pct"] if pr["cpu_pct"] else float("inf")
     print("\ngoals (informational):")
@@ -365,11 +337,11 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(_goal("daemon CPU <= 15% of one core", f"{d['cpu_pct']:.1f}%", d["cpu_pct"] <= 15))
     print(_goal("daemon CPU <= 0.5x Prometheus", f"{cpu_ratio:.2f}x", cpu_ratio <= 0.5))
     print(_goal("daemon RSS <= 64 MiB (max sampled)", f"{d['rss_max_mib']:.1f} MiB", d["rss_max_mib"] <= 64))
-    print(_goal("zero missed deadlines", f"{d['missed_deadlines']:.0f}", d["missed_deadlines"] == 0))
+    print(_goal("zero missed deadlines", f"{d['missed_delta']:.0f}", d["missed_delta"] == 0))
 
 
 def main() -> int:
-    """Parse arguments, run the parse timings and the load, print and optionally save results."""
+    """Parse arguments, time parsing, run the load, print and optionally save the results."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--targets", type=int, default=100, help="fake vLLM targets (default 100)")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring (default 20)")

@@ -55,8 +55,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 async def _scrape_once(config: Config) -> Monitor:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        monitor = Monitor(config, (), client=client, keep_all=True)
+    monitor = Monitor(config, (), client_factory=lambda: httpx.AsyncClient(trust_env=False), keep_all=True)
+    try:
         now = time.time()
         jobs = []
         for name in monitor.targets:
@@ -66,7 +66,9 @@ async def _scrape_once(config: Config) -> Monitor:
                 monitor.probe_canary(name, now),
             ]
         await asyncio.gather(*jobs)
-        return monitor
+    finally:
+        await monitor.aclose()
+    return monitor
 
 
 def _fmt_probe(ok: bool | None, latency: float) -> str:

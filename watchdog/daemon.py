@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -17,7 +18,13 @@ from typing import Any
 
 import httpx
 import uvicorn
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
+from apscheduler.events import (
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobEvent,
+    JobSubmissionEvent,
+)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
@@ -90,6 +97,7 @@ class Daemon:
         self.stop_event: asyncio.Event | None = None
         self.last_progress = monotonic()
         self._running: set[asyncio.Task[Any]] = set()
+        self._tls: ssl.SSLContext | None = None
 
     # -- jobs -------------------------------------------------------------------------------
     def _job(self, fn: Callable[[float], Any]) -> Callable[[], Any]:
@@ -125,7 +133,9 @@ class Daemon:
                 max_instances=1,
                 coalesce=True,
                 misfire_grace_time=max(round(interval), 1),
-                jitter=min(interval * 0.05, 1.0),
+                # No APScheduler jitter: 3.x adds it to the previous, already jittered fire time, so periods
+                # drift long and ~2.5% of 1 s scrapes silently vanish. A stable per-job offset spreads jobs
+                # instead, as Prometheus spreads its targets.
                 next_run_time=_datetime(start),
             )
 
@@ -165,6 +175,11 @@ class Daemon:
     def _on_missed(self, event: JobEvent) -> None:
         self.counters.missed(str(event.job_id).split(":")[0])
 
+    def _on_submitted(self, event: JobSubmissionEvent) -> None:
+        # A coalesced run stands for several due times; each extra one is a missed deadline.
+        for _ in event.scheduled_run_times[1:]:
+            self.counters.missed(str(event.job_id).split(":")[0])
+
     # -- config -----------------------------------------------------------------------------
     async def reload(self) -> tuple[bool, list[str]]:
         """Load config and rules again; on any error keep the old ones and report every problem."""
@@ -184,6 +199,7 @@ class Daemon:
         self.monitor.apply(config, rules, now=self.clock())
         self._attach_gpu(config)
         self._schedule(config)
+        await self.monitor.close_retired()
         self.counters.reloads_ok += 1
         self.counters.last_reload_ok = True
         self.counters.config_errors = 0
@@ -208,63 +224,74 @@ class Daemon:
             log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=500)
-        async with httpx.AsyncClient(transport=self.transport, limits=limits, trust_env=False) as client:
-            self.monitor = Monitor(
-                config, rules, client=client, keep_all=self.keep_all, monotonic=self.monotonic
+        self.monitor = Monitor(
+            config,
+            rules,
+            client_factory=self._new_client,
+            keep_all=self.keep_all,
+            monotonic=self.monotonic,
+        )
+        self._attach_gpu(config)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(WatchdogCollector(self.monitor, self.counters))
+        app = build_app(
+            self._monitor,
+            registry,
+            lambda: self._monitor().config.api_token,
+            self.reload,
+            self.healthy,
+        )
+        server = _EmbeddedServer(
+            uvicorn.Config(
+                app,
+                host=config.listen_host,
+                port=config.listen_port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
             )
-            self._attach_gpu(config)
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(WatchdogCollector(self.monitor, self.counters))
-            app = build_app(
-                self._monitor,
-                registry,
-                lambda: self._monitor().config.api_token,
-                self.reload,
-                self.healthy,
-            )
-            server = _EmbeddedServer(
-                uvicorn.Config(
-                    app,
-                    host=config.listen_host,
-                    port=config.listen_port,
-                    log_config=None,
-                    access_log=False,
-                    lifespan="off",
-                )
-            )
-            self.scheduler = AsyncIOScheduler(event_loop=loop)
-            self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
-            self._schedule(config)
-            sock = _bind(config.listen_host, config.listen_port)  # fails loudly if in use
-            server_task = asyncio.create_task(server.serve(sockets=[sock]))
-            while not server.started:
-                if server_task.done():
-                    server_task.result()
-                    raise OSError("API server exited during start-up")
-                await asyncio.sleep(0.01)
-            self.scheduler.start()
-            self._install_signals(loop)
-            self.notifier.ready()
-            log.info(
-                "watchdog started",
-                extra={
-                    "targets": [t.name for t in config.targets],
-                    "listen": f"{config.listen_host}:{config.listen_port}",
-                },
-            )
-            if ready is not None:
-                ready.set()
-            await self.stop_event.wait()
-            log.info("shutting down")
-            self.notifier.stopping()
-            self.scheduler.shutdown(wait=False)
-            server.should_exit = True
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
-            await _cancel(self._running, SHUTDOWN_GRACE)
-            if self.monitor.gpu is not None:
-                self.monitor.gpu.close()
+        )
+        self.scheduler = AsyncIOScheduler(event_loop=loop)
+        self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        self.scheduler.add_listener(self._on_submitted, EVENT_JOB_SUBMITTED)
+        self._schedule(config)
+        sock = _bind(config.listen_host, config.listen_port)  # fails loudly if in use
+        server_task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if server_task.done():
+                server_task.result()
+                raise OSError("API server exited during start-up")
+            await asyncio.sleep(0.01)
+        self.scheduler.start()
+        self._install_signals(loop)
+        self.notifier.ready()
+        log.info(
+            "watchdog started",
+            extra={
+                "targets": [t.name for t in config.targets],
+                "listen": f"{config.listen_host}:{config.listen_port}",
+            },
+        )
+        if ready is not None:
+            ready.set()
+        await self.stop_event.wait()
+        log.info("shutting down")
+        self.notifier.stopping()
+        self.scheduler.shutdown(wait=False)
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
+        await _cancel(self._running, SHUTDOWN_GRACE)
+        if self.monitor.gpu is not None:
+            self.monitor.gpu.close()
+        await self.monitor.aclose()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        """An HTTP client for one target; trust_env=False keeps proxies from redirecting traffic."""
+        if self._tls is None:  # one CA bundle in memory, not one per target (~0.6 MiB each)
+            self._tls = ssl.create_default_context()
+        limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
+        return httpx.AsyncClient(transport=self.transport, limits=limits, trust_env=False, verify=self._tls)
 
     def _monitor(self) -> Monitor:
         assert self.monitor is not None

@@ -30,6 +30,7 @@ class TargetRuntime:
     """Everything that watches one configured target."""
 
     config: TargetConfig
+    client: httpx.AsyncClient
     scrape: ScrapeTarget
     health: HealthProbe
     canary: CanaryProbe | None
@@ -51,12 +52,15 @@ class Monitor:
         config: Config,
         rules: tuple[RuleGroup, ...],
         *,
-        client: httpx.AsyncClient,
+        client_factory: Callable[[], httpx.AsyncClient],
         gpu: GpuCollector | None = None,
         keep_all: bool = False,
         monotonic: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.client = client
+        # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
+        # so a single shared pool costs O(targets) per scrape.
+        self.client_factory = client_factory
+        self.retired: list[httpx.AsyncClient] = []
         self.monotonic = monotonic
         self.keep_all = keep_all
         self.store = SampleStore(retention=0.0)
@@ -83,14 +87,13 @@ class Monitor:
             if prev is not None and prev.config == tc and same_scrape:
                 self.targets[tc.name] = prev
                 continue
-            if prev is not None and now is not None:
-                prev.scrape.forget(now)
+            if prev is not None:
+                self._retire(prev.scrape, prev.client, now)
             self.targets[tc.name] = self._build_target(config, tc, keep)
         for gone in old.values():
-            if now is not None:
-                gone.scrape.forget(now)
-        if self.dcgm is not None and now is not None and self.config.gpus != config.gpus:
-            self.dcgm.forget(now)
+            self._retire(gone.scrape, gone.client, now)
+        if self.dcgm is not None and self.config.gpus != config.gpus:
+            self._retire(self.dcgm, self.dcgm.client, now)
             self.dcgm = None
         if config.gpus.dcgm_url and (self.dcgm is None or not same_scrape):
             self.dcgm = self._scraper(
@@ -98,6 +101,25 @@ class Monitor:
             )
         self.keep_names = keep_names
         self.config, self.rules = config, rules
+
+    def _retire(self, scrape: ScrapeTarget, client: httpx.AsyncClient, now: float | None) -> None:
+        if now is not None:
+            scrape.forget(now)
+        self.retired.append(client)
+
+    async def close_retired(self) -> None:
+        """Close the clients of targets dropped by a reload."""
+        retired, self.retired = self.retired, []
+        for client in retired:
+            await client.aclose()
+
+    async def aclose(self) -> None:
+        """Close every client."""
+        for rt in self.targets.values():
+            self.retired.append(rt.client)
+        if self.dcgm is not None:
+            self.retired.append(self.dcgm.client)
+        await self.close_retired()
 
     def _scraper(
         self,
@@ -107,6 +129,7 @@ class Monitor:
         instance: str,
         keep: Callable[[str], bool] | None,
         labels: dict[str, str],
+        client: httpx.AsyncClient | None = None,
     ) -> ScrapeTarget:
         g = config.global_
         return ScrapeTarget(
@@ -114,7 +137,7 @@ class Monitor:
             job=job,
             instance=instance,
             store=self.store,
-            client=self.client,
+            client=client or self.client_factory(),
             timeout=g.scrape_timeout,
             sample_limit=g.sample_limit,
             body_size_limit=g.body_size_limit,
@@ -126,10 +149,12 @@ class Monitor:
     def _build_target(
         self, config: Config, tc: TargetConfig, keep: Callable[[str], bool] | None
     ) -> TargetRuntime:
-        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels))
-        health = HealthProbe(tc.health_url, self.client, tc.health_timeout, self.monotonic)
-        canary = CanaryProbe(tc.url, tc.canary, self.client, self.monotonic) if tc.canary.enabled else None
-        return TargetRuntime(tc, scrape, health, canary, {**tc.labels, "job": "vllm", "instance": tc.name})
+        client = self.client_factory()
+        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels), client)
+        health = HealthProbe(tc.health_url, client, tc.health_timeout, self.monotonic)
+        canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
+        labels = {**tc.labels, "job": "vllm", "instance": tc.name}
+        return TargetRuntime(tc, client, scrape, health, canary, labels)
 
     def _record_probe(
         self, rt: TargetRuntime, st: ProbeStatus, ok_name: str, latency_name: str, now: float
