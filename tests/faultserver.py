@@ -64,6 +64,8 @@ class FaultServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        # Clients that time out or drop connections on purpose are expected here, not errors to print.
+        self.httpd.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
