@@ -6,11 +6,13 @@ from pathlib import Path
 import httpx
 import pynvml
 import pytest
+from test_scrape import target
 
+from vllm_watchdog.config import parse_config
 from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.monitor import Monitor
 from vllm_watchdog.sources.gpu import GpuCollector
 from vllm_watchdog.sources.nvml import NvmlSource
-from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, is_stale
 
 from fake_nvml import FakeNvml
@@ -55,17 +57,7 @@ async def test_dcgm_exporter_payload_with_legacy_name(fault: FaultServer) -> Non
     fault.set("/metrics", DCGM_PAYLOAD)
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        t = ScrapeTarget(
-            url=fault.url + "/metrics",
-            job="dcgm",
-            instance="127.0.0.1:9400",
-            store=store,
-            client=client,
-            timeout=1,
-            sample_limit=100,
-            body_size_limit=1 << 20,
-        )
-        assert (await t.scrape(1.0)).up
+        assert (await target(store, client, fault.url, job="dcgm", instance="127.0.0.1:9400").scrape(1.0)).up
     (reasons,) = store.select("DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
     assert reasons.vals[-1] == 4.0 and dict(reasons.labels)["gpu"] == "0"
 
@@ -99,3 +91,21 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
         d.stop()
         await asyncio.wait_for(task, 10)
     assert fake.count("nvmlShutdown") == 1
+
+
+@pytest.mark.anyio
+async def test_reload_with_new_scrape_settings_retires_the_old_dcgm_scraper(fault: FaultServer) -> None:
+    fault.set("/dcgm", DCGM_PAYLOAD)
+    text = f"gpus: {{dcgm_url: '{fault.url}/dcgm'}}\n"
+    monitor = Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
+    old = monitor.dcgm
+    assert old is not None
+    await monitor.scrape_dcgm(1.0)
+    faster = parse_config("global: {scrape_interval: 2s}\n" + text, "c.yml", env={})
+    monitor.apply(faster, (), now=2.0)
+    await monitor.close_retired()
+    assert monitor.dcgm is not None and monitor.dcgm is not old
+    assert old.client.is_closed
+    assert all(is_stale(s.vals[-1]) for s in monitor.store.select("DCGM_FI_DEV_GPU_TEMP"))
+    await monitor.aclose()
+    assert monitor.dcgm.client.is_closed

@@ -30,8 +30,7 @@ class TargetRuntime:
     """Everything that watches one configured target."""
 
     config: TargetConfig
-    client: httpx.AsyncClient
-    scrape: ScrapeTarget
+    scrape: ScrapeTarget  # its client also serves the probes
     health: HealthProbe
     canary: CanaryProbe | None
     labels: dict[str, str] = field(default_factory=dict)
@@ -88,24 +87,23 @@ class Monitor:
                 self.targets[tc.name] = prev
                 continue
             if prev is not None:
-                self._retire(prev.scrape, prev.client, now)
+                self._retire(prev.scrape, now)
             self.targets[tc.name] = self._build_target(config, tc, keep)
         for gone in old.values():
-            self._retire(gone.scrape, gone.client, now)
-        if self.dcgm is not None and self.config.gpus != config.gpus:
-            self._retire(self.dcgm, self.dcgm.client, now)
+            self._retire(gone.scrape, now)
+        if self.dcgm is not None and (self.config.gpus != config.gpus or not same_scrape):
+            self._retire(self.dcgm, now)
             self.dcgm = None
-        if config.gpus.dcgm_url and (self.dcgm is None or not same_scrape):
-            self.dcgm = self._scraper(
-                config, config.gpus.dcgm_url, "dcgm", _hostport(config.gpus.dcgm_url), keep, {}
-            )
+        if config.gpus.dcgm_url and self.dcgm is None:
+            url = config.gpus.dcgm_url
+            self.dcgm = self._scraper(config, url, "dcgm", _hostport(url), keep, {}, self.client_factory())
         self.keep_names = keep_names
         self.config, self.rules = config, rules
 
-    def _retire(self, scrape: ScrapeTarget, client: httpx.AsyncClient, now: float | None) -> None:
+    def _retire(self, scrape: ScrapeTarget, now: float | None) -> None:
         if now is not None:
             scrape.forget(now)
-        self.retired.append(client)
+        self.retired.append(scrape.client)
 
     async def close_retired(self) -> None:
         """Close the clients of targets dropped by a reload."""
@@ -116,7 +114,7 @@ class Monitor:
     async def aclose(self) -> None:
         """Close every client."""
         for rt in self.targets.values():
-            self.retired.append(rt.client)
+            self.retired.append(rt.scrape.client)
         if self.dcgm is not None:
             self.retired.append(self.dcgm.client)
         await self.close_retired()
@@ -129,7 +127,7 @@ class Monitor:
         instance: str,
         keep: Callable[[str], bool] | None,
         labels: dict[str, str],
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient,
     ) -> ScrapeTarget:
         g = config.global_
         return ScrapeTarget(
@@ -137,7 +135,7 @@ class Monitor:
             job=job,
             instance=instance,
             store=self.store,
-            client=client or self.client_factory(),
+            client=client,
             timeout=g.scrape_timeout,
             sample_limit=g.sample_limit,
             body_size_limit=g.body_size_limit,
@@ -154,7 +152,7 @@ class Monitor:
         health = HealthProbe(tc.health_url, client, tc.health_timeout, self.monotonic)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
         labels = {**tc.labels, "job": "vllm", "instance": tc.name}
-        return TargetRuntime(tc, client, scrape, health, canary, labels)
+        return TargetRuntime(tc, scrape, health, canary, labels)
 
     def _record_probe(
         self, rt: TargetRuntime, st: ProbeStatus, ok_name: str, latency_name: str, now: float
