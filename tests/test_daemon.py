@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 import pytest
+from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
 from vllm_watchdog.daemon import Daemon
 
@@ -106,6 +108,21 @@ async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]
         assert (await client.get(base + "/healthz")).json() == {"status": "ok"}
 
 
+async def test_jobs_have_no_drifting_jitter_and_coalesced_runs_count_as_missed(
+    daemon: tuple[Daemon, str, Path],
+) -> None:
+    d, base, _ = daemon
+    assert d.scheduler is not None
+    jobs = d.scheduler.get_jobs()
+    assert {j.id for j in jobs} >= {"scrape:vllm-0", "health:vllm-0", "canary:vllm-0", "gc"}
+    assert all(j.trigger.jitter is None for j in jobs)
+    due = [datetime.fromtimestamp(t, tz=timezone.utc) for t in (1.0, 2.0, 3.0)]
+    d._on_submitted(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "scrape:vllm-0", None, due))
+    async with httpx.AsyncClient() as client:
+        metrics = (await client.get(base + "/metrics")).text
+    assert 'vllm_watchdog_missed_deadlines_total{job="scrape"} 2.0' in metrics
+
+
 async def test_reload_needs_bearer_token(daemon: tuple[Daemon, str, Path]) -> None:
     _, base, _ = daemon
     async with httpx.AsyncClient() as client:
@@ -186,24 +203,21 @@ def test_run_sigterm_sighup_sdnotify_and_json_logs(tmp_path: Path, fault: FaultS
     assert rejected and "bogus: unknown key" in rejected[0]["problem"]
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to completion (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_watchdog", *args], capture_output=True, text=True, timeout=60
+    )
+
+
 def test_run_with_invalid_config_exits_nonzero(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text("listen: nope\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli("run", "--config", str(cfg))
     assert out.returncode == 1 and f"{cfg}:1: listen: must be host:port" in out.stderr
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path, fault: FaultServer) -> None:
     cfg = write_config(tmp_path, fault.url, fault.port)  # the fault server holds this port
-    out = subprocess.run(
-        [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli("run", "--config", str(cfg))
     assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{fault.port}" in out.stderr

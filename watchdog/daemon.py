@@ -173,12 +173,12 @@ class Daemon:
         return self.monotonic() - self.last_progress < slack
 
     def _on_missed(self, event: JobEvent) -> None:
-        self.counters.missed(str(event.job_id).split(":")[0])
+        self.counters.missed(_job_kind(event.job_id))
 
     def _on_submitted(self, event: JobSubmissionEvent) -> None:
         # A coalesced run stands for several due times; each extra one is a missed deadline.
         for _ in event.scheduled_run_times[1:]:
-            self.counters.missed(str(event.job_id).split(":")[0])
+            self.counters.missed(_job_kind(event.job_id))
 
     # -- config -----------------------------------------------------------------------------
     async def reload(self) -> tuple[bool, list[str]]:
@@ -307,6 +307,11 @@ class Daemon:
         """Ask the daemon to shut down."""
         if self.stop_event is not None:
             self.stop_event.set()
+
+
+def _job_kind(job_id: object) -> str:
+    """`scrape:vllm-0` -> `scrape`: the label of the missed-deadline counter."""
+    return str(job_id).split(":")[0]
 
 
 def _bind(host: str, port: int) -> socket.socket:
