@@ -5,19 +5,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-
 import promql_parser
 
 from ..store import Labels, SampleStore, Series
+from .labelfuncs import compile_go_regex
 
 _OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}
 
 
-@lru_cache(maxsize=1024)
 def _anchored(pattern: str) -> re.Pattern[str]:
-    # Prometheus anchors label regexes at both ends; `.` matches newlines too.
-    return re.compile(f"^(?:{pattern})$", re.DOTALL)
+    # Go RE2 syntax, anchored at both ends; in Prometheus 2.x `.` does not match a newline (3.x: it does).
+    try:
+        return compile_go_regex(pattern)
+    except ValueError as exc:
+        raise re.error(str(exc)) from exc
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,286 @@
+"""The in-process PromQL evaluator: instant and range queries over the SampleStore, as Prometheus 2.42."""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from typing import Union
+
+from ..store import STALE_NAN, Labels, SampleStore, Series, is_stale
+from . import binops
+from .aggregations import aggregate
+from .binops import Vec, check_unique, drop_name
+from .calls import eval_call
+from .compile import Agg, At, Binary, Neg, Node, Num, Paren, RangeSel, Sel, Str, Subquery, compile_plan
+from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
+
+_STALE_BYTES = struct.pack("<d", STALE_NAN)
+
+
+class Window:
+    """One series' samples inside a range, with the range's bounds (for rate's extrapolation)."""
+
+    __slots__ = ("end_ms", "labels", "start_ms", "ts", "vals")
+
+    def __init__(
+        self, labels: Labels, ts: Sequence[int], vals: Sequence[float], start_ms: int, end_ms: int
+    ) -> None:
+        self.labels = labels
+        self.ts = ts
+        self.vals = vals
+        self.start_ms = start_ms
+        self.end_ms = end_ms
+
+
+Mat = list[Window]
+Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
+
+
+def _has_stale(vals: array[float]) -> bool:
+    raw = vals.tobytes()
+    i = raw.find(_STALE_BYTES)
+    while i >= 0:
+        if i % 8 == 0:
+            return True
+        i = raw.find(_STALE_BYTES, i + 1)
+    return False
+
+
+class Evaluator:
+    """Evaluates plan nodes for one query (start/end are the query's, for `@ start()` / `@ end()`)."""
+
+    def __init__(
+        self, store: SampleStore, lookback_ms: int, default_step_ms: int, start_ms: int, end_ms: int
+    ) -> None:
+        self.store = store
+        self.lookback_ms = lookback_ms
+        self.default_step_ms = default_step_ms
+        self.start_ms = start_ms
+        self.end_ms = end_ms
+        self._series: dict[int, list[Series]] = {}
+        self._subquery_points: dict[tuple[int, int], Vec] = {}
+
+    # -- selectors -------------------------------------------------------------------------------------
+    def series(self, sel: Sel) -> list[Series]:
+        """The stored series a selector picks, in label order (cached for the query)."""
+        selector = sel.selector
+        found = self._series.get(id(selector))
+        if found is None:
+            found = sorted(self.store.select(selector.name, selector.predicate()), key=lambda s: s.labels)
+            self._series[id(selector)] = found
+        return found
+
+    def ref_time(self, at: At | None, offset_ms: int, t: int) -> int:
+        """The time a selector or subquery reads at: its `@` (or t), minus its offset."""
+        if at is None:
+            return t - offset_ms
+        if at.which == "start":
+            return self.start_ms - offset_ms
+        if at.which == "end":
+            return self.end_ms - offset_ms
+        return at.t_ms - offset_ms
+
+    def instant(self, sel: Sel, t: int, *, with_time: bool = False) -> list[tuple[Labels, float, int]]:
+        """The newest non-stale sample of each series within the lookback (closed window)."""
+        ref = self.ref_time(sel.at, sel.offset_ms, t)
+        floor = ref - self.lookback_ms
+        out = []
+        for s in self.series(sel):
+            ts = s.ts
+            i = bisect_right(ts, ref) - 1
+            if i < 0 or ts[i] < floor:
+                continue
+            v = s.vals[i]
+            if v != v and is_stale(v):  # noqa: PLR0124 (fast NaN test)
+                continue
+            out.append((s.labels, v, ts[i]))
+        return out
+
+    def window(self, node: RangeSel, t: int) -> Mat:
+        """Each series' non-stale samples with ref-range <= t <= ref (closed, as in 2.42)."""
+        ref = self.ref_time(node.sel.at, node.sel.offset_ms, t)
+        lo_t = ref - node.range_ms
+        out = []
+        for s in self.series(node.sel):
+            ts = s.ts
+            lo = bisect_left(ts, lo_t)
+            hi = bisect_right(ts, ref)
+            if lo >= hi:
+                continue
+            wts, wvals = ts[lo:hi], s.vals[lo:hi]
+            if _has_stale(wvals):
+                keep = [i for i, v in enumerate(wvals) if not is_stale(v)]
+                if not keep:
+                    continue
+                wts = array("q", (wts[i] for i in keep))
+                wvals = array("d", (wvals[i] for i in keep))
+            out.append(Window(s.labels, wts, wvals, lo_t, ref))
+        return out
+
+    def subquery(self, node: Subquery, t: int) -> Mat:
+        """Evaluate `expr[range:step]`: the inner expression at step-aligned times in [ref-range, ref]."""
+        ref = self.ref_time(node.at, node.offset_ms, t)
+        step = node.step_ms or self.default_step_ms
+        lo_t = ref - node.range_ms
+        first = step * (lo_t // step)
+        if first < lo_t:
+            first += step
+        points: dict[Labels, tuple[list[int], list[float]]] = {}
+        for ts in range(first, ref + 1, step):
+            key = (id(node), ts)
+            vec = self._subquery_points.get(key)
+            if vec is None:
+                vec = self.vector(node.expr, ts)
+                self._subquery_points[key] = vec
+            for labels, v in vec:
+                series = points.get(labels)
+                if series is None:
+                    series = points[labels] = ([], [])
+                if v != v and is_stale(v):  # noqa: PLR0124 (fast NaN test)
+                    continue
+                series[0].append(ts)
+                series[1].append(v)
+        return [Window(labels, ts_, vs, lo_t, ref) for labels, (ts_, vs) in points.items() if ts_]
+
+    # -- dispatch --------------------------------------------------------------------------------------
+    def eval(self, node: Node, t: int) -> Result:
+        """Evaluate a node at time t (ms)."""
+        if isinstance(node, Num):
+            return node.value
+        if isinstance(node, Str):
+            return node.value
+        if isinstance(node, Sel):
+            return [(labels, v) for labels, v, _ in self.instant(node, t)]
+        if isinstance(node, Paren):
+            return self.eval(node.expr, t)
+        if isinstance(node, RangeSel):
+            return self.window(node, t)
+        if isinstance(node, Subquery):
+            return self.subquery(node, t)
+        if isinstance(node, Neg):
+            inner = self.eval(node.expr, t)
+            if isinstance(inner, float):
+                return -inner
+            return check_unique([(drop_name(labels), -v) for labels, v in self.as_vector(inner)])
+        if isinstance(node, Binary):
+            return self.binary(node, t)
+        if isinstance(node, Agg):
+            return self.aggregation(node, t)
+        return eval_call(self, node, t)
+
+    def vector(self, node: Node, t: int) -> Vec:
+        """Evaluate a node known to give an instant vector."""
+        return self.as_vector(self.eval(node, t))
+
+    @staticmethod
+    def as_vector(result: Result) -> Vec:
+        """Narrow an evaluation result to an instant vector."""
+        if isinstance(result, list) and (not result or isinstance(result[0], tuple)):
+            return result  # type: ignore[return-value]
+        raise QueryError(f"expected an instant vector, got {type(result).__name__}")
+
+    def scalar(self, node: Node, t: int) -> float:
+        """Evaluate a node known to give a scalar."""
+        result = self.eval(node, t)
+        if not isinstance(result, float):
+            raise QueryError("expected a scalar")
+        return result
+
+    def string(self, node: Node) -> str:
+        """The value of a string argument (string literals only, possibly parenthesised)."""
+        while isinstance(node, Paren):
+            node = node.expr
+        if not isinstance(node, Str):
+            raise QueryError("expected a string literal")
+        return node.value
+
+    def binary(self, node: Binary, t: int) -> Result:
+        """Evaluate a binary operation."""
+        if node.lhs.kind == "scalar" and node.rhs.kind == "scalar":
+            return binops.scalar_scalar(node.op, self.scalar(node.lhs, t), self.scalar(node.rhs, t))
+        if node.lhs.kind == "scalar":
+            lhs_s = self.scalar(node.lhs, t)
+            rhs_v = self.vector(node.rhs, t)
+            return check_unique(binops.vector_scalar(node.op, rhs_v, lhs_s, True, node.return_bool))
+        lhs = self.vector(node.lhs, t)
+        if node.rhs.kind == "scalar":
+            rhs_s = self.scalar(node.rhs, t)
+            return check_unique(binops.vector_scalar(node.op, lhs, rhs_s, False, node.return_bool))
+        rhs = self.vector(node.rhs, t)
+        if node.op in ("and", "or", "unless"):
+            return check_unique(binops.set_operation(node, lhs, rhs))
+        return check_unique(binops.vector_vector(node, lhs, rhs))
+
+    def aggregation(self, node: Agg, t: int) -> Vec:
+        """Evaluate an aggregation (the parameter first, as Prometheus does)."""
+        param: float | str | None = None
+        if node.param is not None:
+            param = self.string(node.param) if node.param.kind == "string" else self.scalar(node.param, t)
+        vec = self.vector(node.expr, t)
+        return aggregate(node.op, vec, node.grouping, node.without, param)
+
+
+class Engine:
+    """Evaluates PromQL against a SampleStore with Prometheus 2.42 semantics."""
+
+    def __init__(self, store: SampleStore, lookback: float = 300.0, *, default_step: float = 60.0) -> None:
+        self.store = store
+        self.lookback_ms = to_ms(lookback)
+        self.default_step_ms = max(1, to_ms(default_step))
+
+    def _evaluator(self, start_ms: int, end_ms: int) -> Evaluator:
+        return Evaluator(self.store, self.lookback_ms, self.default_step_ms, start_ms, end_ms)
+
+    def query(self, expr: str, at: float) -> Value:
+        """Evaluate an instant query at unix seconds `at`."""
+        plan = compile_plan(expr)
+        t = to_ms(at)
+        result = self._evaluator(t, t).eval(plan, t)
+        if isinstance(result, float):
+            return Scalar(result, t)
+        if isinstance(result, str):
+            return String(result, t)
+        if plan.kind == "matrix":
+            return Matrix(RangeSeries(w.labels, w.ts, w.vals) for w in result)  # type: ignore[union-attr]
+        return Vector(Sample(labels, v, t) for labels, v in Evaluator.as_vector(result))
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> Matrix:
+        """Evaluate a range query: one instant evaluation per step from start to end inclusive."""
+        plan = compile_plan(expr)
+        if plan.kind not in ("vector", "scalar"):
+            raise QueryError(
+                f"invalid expression type {plan.kind!r} for range query, must be Scalar or instant Vector"
+            )
+        start_ms, end_ms, step_ms = to_ms(start), to_ms(end), to_ms(step)
+        if step_ms <= 0:
+            raise QueryError("zero or negative query resolution step widths are not accepted")
+        ev = self._evaluator(start_ms, end_ms)
+        series: dict[Labels, tuple[list[int], list[float]]] = {}
+        for t in range(start_ms, end_ms + 1, step_ms):
+            result = ev.eval(plan, t)
+            vec: Vec = [((), result)] if isinstance(result, float) else Evaluator.as_vector(result)
+            for labels, v in vec:
+                points = series.get(labels)
+                if points is None:
+                    points = series[labels] = ([], [])
+                points[0].append(t)
+                points[1].append(v)
+        return Matrix(RangeSeries(labels, ts, vs) for labels, (ts, vs) in sorted(series.items()))
+
+
+def vector_query(engine: Engine) -> QueryFunc:
+    """Adapt an Engine to the rule manager's QueryFunc: scalars become one unlabelled sample."""
+
+    def query(expr: str, at: float) -> Vector:
+        result = engine.query(expr, at)
+        if isinstance(result, Vector):
+            return result
+        if isinstance(result, Scalar):
+            return Vector([Sample((), result.value, result.t_ms)])
+        if isinstance(result, String):
+            raise QueryError(f"rule expression {expr!r} gives a string, not a vector or scalar")
+        raise QueryError(f"rule expression {expr!r} gives a range vector, not a vector or scalar")
+
+    return query
