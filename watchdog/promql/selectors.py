@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
 import promql_parser
 
 from ..store import Labels, SampleStore, Series
