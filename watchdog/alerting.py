@@ -1,0 +1,362 @@
+"""The state machine of one alerting rule, as Prometheus' rules/alerting.go defines it.
+
+An alert is identified by its label set: the series labels (minus `__name__`), the rule's templated labels
+and `alertname`. It is pending until its expression has returned it for `for`, then firing; when the
+expression stops returning it, a firing alert stays firing for `keep_firing_for` and is then resolved; a
+resolved alert is kept (and re-sent) for 15 minutes; a pending alert that clears is dropped without a
+resolved notice. Times are integer milliseconds since the epoch; None stands for Go's zero time.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import date, timedelta
+from typing import Any
+from urllib.parse import quote_plus
+
+from .promql.values import QueryError, QueryFunc
+from .rulefiles import Rule
+from .store import Labels
+from .templates import Template, TemplateError
+
+log = logging.getLogger(__name__)
+
+ALERT_METRIC = "ALERTS"
+FOR_STATE_METRIC = "ALERTS_FOR_STATE"
+_EPOCH = date(1970, 1, 1)
+RESOLVED_RETENTION_MS = 15 * 60 * 1000
+"""How long a resolved alert is kept in memory and re-sent to notifiers."""
+
+
+class AlertState(enum.IntEnum):
+    """The state of one alert; the order is the one rule state is maximised over."""
+
+    INACTIVE = 0
+    PENDING = 1
+    FIRING = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass
+class Alert:
+    """One instance of an alerting rule (mutable: the state machine updates it in place)."""
+
+    labels: Labels  # sorted, without __name__, with alertname
+    annotations: dict[str, str]
+    state: AlertState
+    value: float
+    active_at: int
+    fired_at: int | None = None
+    resolved_at: int | None = None
+    last_sent_at: int | None = None
+    valid_until: int | None = None
+    keep_firing_since: int | None = None
+
+    def needs_sending(self, ts: int, resend_delay: int) -> bool:
+        """Whether a notifier must hear about this alert at ts (Prometheus' needsSending)."""
+        if self.state == AlertState.PENDING:
+            return False
+        last = self.last_sent_at
+        if self.resolved_at is not None and (last is None or self.resolved_at > last):
+            return True
+        return last is None or last + resend_delay < ts
+
+
+@dataclass(frozen=True)
+class OutgoingAlert:
+    """An alert as notifiers receive it; `state` is "firing" or "resolved", times in unix seconds."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    state: str
+    starts_at: float
+    ends_at: float
+    value: float
+    generator_url: str = ""
+
+
+@dataclass
+class RuleStatus:
+    """Health of a rule's last evaluation, as /api/v1/rules reports it."""
+
+    health: str = "unknown"  # "ok", "err" or "unknown" (never evaluated)
+    last_error: str | None = None
+    evaluation_seconds: float = 0.0
+    last_evaluation: int | None = None
+
+    def record(self, error: str | None, ts: int, seconds: float) -> None:
+        """Remember the outcome of an evaluation at ts that took `seconds`."""
+        self.health = "err" if error is not None else "ok"
+        self.last_error = error
+        self.last_evaluation = ts
+        self.evaluation_seconds = seconds
+
+
+def rule_identity(rule: Rule) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """How reloads and restores match rules: name and labels, as Prometheus' nameAndLabels."""
+    return rule.name, tuple(sorted(rule.labels.items()))
+
+
+class _Expander:
+    """A template compiled once; expansion errors render as Prometheus renders them."""
+
+    def __init__(self, text: str, rule_name: str) -> None:
+        self.text = text
+        self.rule_name = rule_name
+        self.template: Template | None = None
+        self.error: str | None = None
+        if "{{" in text:
+            try:
+                self.template = Template(text)
+            except TemplateError as exc:
+                self.error = str(exc)
+
+    def expand(self, labels: Mapping[str, str], value: float, external: Mapping[str, str], url: str) -> str:
+        """The text with $labels, $value, $externalLabels and $externalURL filled in."""
+        if self.template is None and self.error is None:
+            return self.text
+        error = self.error
+        if self.template is not None:
+            try:
+                return self.template.render(labels, value, external_labels=external, external_url=url)
+            except TemplateError as exc:
+                error = str(exc)
+            except Exception as exc:  # a template engine bug must not fail the rule; Prometheus never does
+                error = f"{type(exc).__name__}: {exc}"
+        log.warning("expanding alert template failed", extra={"alert": self.rule_name, "err": error})
+        return f"<error expanding template: {error}>"
+
+
+def _set(pairs: dict[str, str], name: str, value: str) -> None:
+    """Prometheus' labels.Builder.Set: an empty value deletes the label."""
+    if value == "":
+        pairs.pop(name, None)
+    else:
+        pairs[name] = value
+
+
+class AlertingRule:
+    """One alerting rule and its active alerts, keyed by label set."""
+
+    def __init__(
+        self,
+        rule: Rule,
+        *,
+        external_labels: Mapping[str, str] | None = None,
+        external_url: str = "",
+    ) -> None:
+        self.rule = rule
+        self.name = rule.name
+        self.hold_ms = round(rule.for_ * 1000)
+        self.keep_firing_ms = round(rule.keep_firing_for * 1000)
+        self.external_labels = dict(external_labels or {})
+        self.external_url = external_url
+        self.label_templates = {k: _Expander(v, rule.name) for k, v in rule.labels.items()}
+        self.annotation_templates = {k: _Expander(v, rule.name) for k, v in rule.annotations.items()}
+        self.active: dict[Labels, Alert] = {}
+        self.status = RuleStatus()
+
+    def _expand(
+        self, templates: dict[str, _Expander], labels: Mapping[str, str], value: float
+    ) -> dict[str, str]:
+        ext, url = self.external_labels, self.external_url
+        return {k: t.expand(labels, value, ext, url) for k, t in templates.items()}
+
+    def eval(self, ts: int, query: QueryFunc, limit: int = 0) -> list[tuple[Labels, float]]:
+        """Run the expression at ts, advance every alert, and return the ALERTS/ALERTS_FOR_STATE samples.
+
+        Raises QueryError (or PromQLError) with the alert state untouched when the query fails or two results
+        share a label set; clears every alert and raises when more than `limit` alerts are active.
+        """
+        vector = query(self.rule.expr, ts / 1000)
+        fresh: dict[Labels, Alert] = {}
+        for sample in vector:
+            series = dict(sample.labels)
+            pairs = {k: v for k, v in sample.labels if k != "__name__"}
+            for name, value in self._expand(self.label_templates, series, sample.value).items():
+                _set(pairs, name, value)
+            pairs["alertname"] = self.name
+            annotations = self._expand(self.annotation_templates, series, sample.value)
+            key: Labels = tuple(sorted(pairs.items()))
+            if key in fresh:
+                raise QueryError("vector contains metrics with the same labelset after applying alert labels")
+            fresh[key] = Alert(key, annotations, AlertState.PENDING, sample.value, active_at=ts)
+
+        for key, alert in fresh.items():
+            existing = self.active.get(key)
+            if existing is not None and existing.state != AlertState.INACTIVE:
+                existing.value = alert.value
+                existing.annotations = alert.annotations
+            else:
+                self.active[key] = alert
+
+        out: list[tuple[Labels, float]] = []
+        live = 0
+        for key, alert in list(self.active.items()):
+            if key not in fresh:
+                keep_firing = False
+                if alert.state == AlertState.FIRING and self.keep_firing_ms > 0:
+                    if alert.keep_firing_since is None:
+                        alert.keep_firing_since = ts
+                    keep_firing = ts - alert.keep_firing_since < self.keep_firing_ms
+                # A pending alert that clears is forgotten; a resolved one is kept for a while to be re-sent.
+                if alert.state == AlertState.PENDING or (
+                    alert.resolved_at is not None and ts - alert.resolved_at > RESOLVED_RETENTION_MS
+                ):
+                    del self.active[key]
+                if alert.state != AlertState.INACTIVE and not keep_firing:
+                    alert.state = AlertState.INACTIVE
+                    alert.resolved_at = ts
+                if not keep_firing:
+                    continue
+            else:
+                alert.keep_firing_since = None
+            live += 1
+            if alert.state == AlertState.PENDING and ts - alert.active_at >= self.hold_ms:
+                alert.state = AlertState.FIRING
+                alert.fired_at = ts
+            out.extend(self.series(alert))
+
+        if limit > 0 and live > limit:
+            self.active = {}
+            raise QueryError(f"exceeded limit of {limit} with {live} alerts")
+        return out
+
+    def series(self, alert: Alert) -> list[tuple[Labels, float]]:
+        """The ALERTS (value 1) and ALERTS_FOR_STATE (ActiveAt in whole seconds) series of an active alert."""
+        base = {k: v for k, v in self.rule.labels.items() if v != ""}
+        base.update(alert.labels)
+        base["alertname"] = self.name
+        alerts = dict(base, __name__=ALERT_METRIC, alertstate=str(alert.state))
+        for_state = dict(base, __name__=FOR_STATE_METRIC)
+        return [
+            (tuple(sorted(alerts.items())), 1.0),
+            (tuple(sorted(for_state.items())), float(math.floor(alert.active_at / 1000))),
+        ]
+
+    def state(self) -> AlertState:
+        """The highest state of any alert of this rule."""
+        return max((a.state for a in self.active.values()), default=AlertState.INACTIVE)
+
+    def active_alerts(self) -> list[Alert]:
+        """Copies of the pending and firing alerts (not the resolved ones), sorted by labels."""
+        return [replace(a) for _, a in sorted(self.active.items()) if a.resolved_at is None]
+
+    def current_alerts(self) -> list[Alert]:
+        """Copies of every alert held, resolved ones included, sorted by labels."""
+        return [replace(a) for _, a in sorted(self.active.items())]
+
+    def generator_url(self) -> str:
+        """Where the alert came from, as Prometheus links it: the table view of the expression."""
+        return f"{self.external_url}/graph?g0.expr={quote_plus(self.rule.expr, safe='')}&g0.tab=1"
+
+    def send(self, ts: int, resend_delay: int, interval: int) -> list[OutgoingAlert]:
+        """Mark the alerts that need sending at ts as sent and return them for the notifiers."""
+        out: list[OutgoingAlert] = []
+        url = self.generator_url()
+        for _, alert in sorted(self.active.items()):
+            if not alert.needs_sending(ts, resend_delay):
+                continue
+            alert.last_sent_at = ts
+            # Allow for two missed evaluations or failed sends before the notifier's copy expires.
+            alert.valid_until = ts + 4 * max(resend_delay, interval)
+            ends = alert.resolved_at if alert.resolved_at is not None else alert.valid_until
+            out.append(
+                OutgoingAlert(
+                    labels=dict(alert.labels),
+                    annotations=dict(sorted(alert.annotations.items())),
+                    state="resolved" if alert.resolved_at is not None else "firing",
+                    starts_at=(alert.fired_at if alert.fired_at is not None else alert.active_at) / 1000,
+                    ends_at=ends / 1000,
+                    value=alert.value,
+                    generator_url=url,
+                )
+            )
+        return out
+
+
+def go_float(value: float) -> str:
+    """A float as Go's strconv.FormatFloat(v, 'e', -1, 64) writes it (the API's alert "value")."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return f"{sign}0e+00"
+    digits, exponent = _shortest_digits(abs(value))
+    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    exp = exponent + len(digits) - 1
+    return f"{sign}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+
+
+def _shortest_digits(value: float) -> tuple[str, int]:
+    """The shortest digit string d and exponent e with float(d * 10**e) == value."""
+    mantissa, _, exp = repr(value).partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    exponent = (int(exp) if exp else 0) - len(frac)
+    stripped = digits.rstrip("0")
+    return stripped, exponent + len(digits) - len(stripped)
+
+
+def go_number(value: float) -> float | int:
+    """A whole float as an int, so JSON shows it as Go's encoder does (60, not 60.0)."""
+    return int(value) if value.is_integer() else value
+
+
+def rfc3339(ms: int | None) -> str:
+    """A time as Go marshals time.Time to JSON (RFC 3339, UTC); None is Go's zero time."""
+    if ms is None:
+        return "0001-01-01T00:00:00Z"
+    seconds, millis = divmod(ms, 1000)
+    days, rest = divmod(seconds, 86400)
+    date = _EPOCH + timedelta(days=days)
+    frac = f".{millis:03d}".rstrip("0") if millis else ""
+    return f"{date.isoformat()}T{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}{frac}Z"
+
+
+def alert_json(alert: Alert) -> dict[str, Any]:
+    """One alert in the shape of Prometheus' /api/v1/alerts."""
+    out: dict[str, Any] = {
+        "labels": dict(alert.labels),
+        "annotations": dict(sorted(alert.annotations.items())),
+        "state": str(alert.state),
+        "activeAt": rfc3339(alert.active_at),
+        "value": go_float(alert.value),
+    }
+    if alert.keep_firing_since is not None:
+        out["keepFiringSince"] = rfc3339(alert.keep_firing_since)
+    return out
+
+
+def rule_json(rule: AlertingRule) -> dict[str, Any]:
+    """An alerting rule in the shape of Prometheus' /api/v1/rules."""
+    out: dict[str, Any] = {
+        "state": str(rule.state()),
+        "name": rule.name,
+        "query": rule.rule.expr,
+        "duration": go_number(rule.hold_ms / 1000),
+        "keepFiringFor": go_number(rule.keep_firing_ms / 1000),
+        "labels": dict(sorted(rule.rule.labels.items())),
+        "annotations": dict(sorted(rule.rule.annotations.items())),
+        "alerts": [alert_json(a) for a in rule.active_alerts()],
+        "health": rule.status.health,
+    }
+    return out | status_json(rule.status) | {"type": "alerting"}
+
+
+def status_json(status: RuleStatus) -> dict[str, Any]:
+    """lastError (omitted when empty), evaluationTime and lastEvaluation of a rule."""
+    out: dict[str, Any] = {}
+    if status.last_error:
+        out["lastError"] = status.last_error
+    out["evaluationTime"] = status.evaluation_seconds
+    out["lastEvaluation"] = rfc3339(status.last_evaluation)
+    return out
