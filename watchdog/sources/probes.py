@@ -11,6 +11,12 @@ import httpx
 
 from ..config import CanaryConfig
 
+PROBE_SERIES: dict[str, tuple[str, str]] = {
+    "health": ("vllm_watchdog_health_up", "vllm_watchdog_health_latency_seconds"),
+    "canary": ("vllm_watchdog_canary_success", "vllm_watchdog_canary_latency_seconds"),
+}
+"""Probe kind -> (outcome series 1/0, latency series in seconds), as the monitor stores them."""
+
 
 @dataclass
 class ProbeStatus:

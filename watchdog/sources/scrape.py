@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -21,6 +22,27 @@ _HEADERS = {
     "Accept-Encoding": "identity",
     "User-Agent": "vllm-watchdog",
 }
+
+
+class ScrapeRecorder(Protocol):
+    """Receives every scrape outcome as fetched (`scrapelog.ScrapeLog` records them for replay)."""
+
+    def record_scrape(
+        self,
+        *,
+        t: float,
+        job: str,
+        instance: str,
+        labels: Mapping[str, str],
+        body: str | None,
+        error: str | None = None,
+        kind: str = "connection",
+        duration: float = 0.0,
+    ) -> None:
+        """One scrape: the body as fetched, or the fetch error."""
+
+    def record_forget(self, *, t: float, job: str, instance: str) -> None:
+        """The target was dropped."""
 
 
 @dataclass
@@ -54,6 +76,7 @@ class ScrapeTarget:
         keep_name: Callable[[str], bool] | None = None,
         extra_labels: dict[str, str] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
+        recorder: ScrapeRecorder | None = None,
     ) -> None:
         self.url = url
         self.job = job
@@ -64,8 +87,10 @@ class ScrapeTarget:
         self.sample_limit = sample_limit
         self.body_size_limit = body_size_limit
         self.keep_name = keep_name
-        self.target_labels = {**(extra_labels or {}), "job": job, "instance": instance}
+        self.extra_labels = dict(extra_labels or {})
+        self.target_labels = {**self.extra_labels, "job": job, "instance": instance}
         self.monotonic = monotonic
+        self.recorder = recorder
         self.status = ScrapeStatus()
         self._cache: dict[str, Series] = {}
         self.exposure = Exposure(store)
@@ -143,20 +168,45 @@ class ScrapeTarget:
 
     async def scrape(self, now: float) -> ScrapeStatus:
         """One scrape at wall-clock `now`; never raises for target faults."""
-        t_ms = math.floor(now * 1000)
         start = self.monotonic()
+        text: str | None = None
+        error: ScrapeError | None = None
+        try:
+            text = await self.fetch()
+        except ScrapeError as exc:
+            error = exc
+        status = self.complete(now, text, error, lambda: self.monotonic() - start)
+        if self.recorder is not None:
+            self.recorder.record_scrape(
+                t=now,
+                job=self.job,
+                instance=self.instance,
+                labels=self.extra_labels,
+                body=text,
+                error=None if error is None else str(error),
+                kind="connection" if error is None else error.kind,
+                duration=status.last_duration,
+            )
+        return status
+
+    def complete(
+        self, now: float, text: str | None, error: ScrapeError | None, elapsed: Callable[[], float]
+    ) -> ScrapeStatus:
+        """Commit one fetched body (or the fetch error) at `now`; replay feeds recorded outcomes here."""
+        t_ms = math.floor(now * 1000)
         status = self.status
         status.scrapes += 1
         try:
-            text = await self.fetch()
-            status.samples = self.ingest(text, t_ms)
+            if error is not None:
+                raise error
+            status.samples = self.ingest(text or "", t_ms)
             status.up, status.last_error = True, None
         except ScrapeError as exc:
             status.errors_by_kind[exc.kind] = status.errors_by_kind.get(exc.kind, 0) + 1
             status.up, status.last_error, status.samples = False, str(exc), 0
             status.failures += 1
             self.exposure.stale_all(t_ms)
-        status.last_duration = self.monotonic() - start
+        status.last_duration = elapsed()
         status.last_scrape = now
         self._synth("up", t_ms, 1.0 if status.up else 0.0)
         self._synth("scrape_duration_seconds", t_ms, status.last_duration)
@@ -166,6 +216,8 @@ class ScrapeTarget:
     def forget(self, now: float) -> None:
         """The target was removed from config: stale-mark everything it owned."""
         now_ms = math.floor(now * 1000)
+        if self.recorder is not None:
+            self.recorder.record_forget(t=now, job=self.job, instance=self.instance)
         self.exposure.stale_all(now_ms)
         for series in self._synthetic.values():
             series.mark_stale(now_ms)
