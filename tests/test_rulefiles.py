@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from vllm_watchdog.config import bundled_rules_dir
@@ -72,3 +75,53 @@ def test_nameless_selector_needs_every_name() -> None:
 def test_bundled_rules_load() -> None:
     groups = load_rule_files(sorted(str(p) for p in bundled_rules_dir().glob("*.yml")))
     assert groups and all(g.rules for g in groups)
+
+
+# Each of these is rejected by `promtool check rules` (2.42); ours must reject it too, and name the line.
+BROKEN = {
+    "parse": ("groups: [{name: g, rules: [{alert: A, expr: 'sum(rate(x[5m])) by ('}]}]", 1),
+    "record-name": ("groups: [{name: g, rules: [{record: 'bad name', expr: x}]}]", 1),
+    "label-name": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    labels: {'1x': y}\n", 6),
+    "name-label": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    labels: {__name__: y}\n", 6),
+    "annotation-name": (
+        "groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    annotations: {'a-b': y}\n",
+        6,
+    ),
+    "template": (
+        "groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    annotations: {s: '{{ $value'}\n",
+        6,
+    ),
+    "template-func": (
+        "groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    annotations: {s: '{{ nope }}'}\n",
+        6,
+    ),
+    "record-for": ("groups:\n- name: g\n  rules:\n  - record: r\n    expr: x\n    keep_firing_for: 1m\n", 6),
+    "unknown-key": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    severity: page\n", 6),
+    "both": ("groups:\n- name: g\n  rules:\n  - alert: A\n    record: r\n    expr: x\n", 4),
+    "dup-group": ("groups:\n- name: g\n  rules: []\n- name: g\n  rules: []\n", 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_check_agrees_with_promtool(case: str, tmp_path: Path) -> None:
+    text, line = BROKEN[case]
+    path = tmp_path / f"{case}.yml"
+    path.write_text(text)
+    ref = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert ref.returncode == 1, ref.stdout + ref.stderr
+    with pytest.raises(ConfigError) as info:
+        load_rule_files([str(path)])
+    assert any(p.line == line for p in info.value.problems), info.value.problems
+
+
+def test_good_file_passes_promtool_and_us(tmp_path: Path) -> None:
+    path = tmp_path / "good.yml"
+    path.write_text(GOOD)
+    assert subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True).returncode == 0
+    assert load_rule_files([str(path)])
+
+
+def test_bad_expression_names_its_position() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_rule_file("groups: [{name: g, rules: [{alert: A, expr: 'rate(x[5m]) +'}]}]", "r.yml")
+    assert "position 13" in str(info.value)

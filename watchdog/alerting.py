@@ -160,6 +160,7 @@ class AlertingRule:
         self.label_templates = {k: _Expander(v, rule.name) for k, v in rule.labels.items()}
         self.annotation_templates = {k: _Expander(v, rule.name) for k, v in rule.annotations.items()}
         self.active: dict[Labels, Alert] = {}
+        self.warm_until: int | None = None  # ms; set when alerts are restored after a restart
         self.status = RuleStatus()
 
     def _expand(
@@ -199,6 +200,12 @@ class AlertingRule:
         out: list[tuple[Labels, float]] = []
         live = 0
         for key, alert in list(self.active.items()):
+            if key not in fresh and self.warm_until is not None and ts < self.warm_until:
+                # Restored after a restart while the store still lacks the history the expression reads:
+                # absence proves nothing yet, so the alert neither resolves nor advances.
+                live += 1
+                out.extend(self.series(alert))
+                continue
             if key not in fresh:
                 keep_firing = False
                 if alert.state == AlertState.FIRING and self.keep_firing_ms > 0:

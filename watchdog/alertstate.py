@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .alerting import Alert, AlertingRule, AlertState, rule_identity
+from .rulefiles import history_needed
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +296,7 @@ class StateFile:
                 back = restore_alert(alert, rule.hold_ms, now_ms, down, self.grace_ms)
                 if back is not None:
                     rule.active[back.labels] = back
+                    rule.warm_until = now_ms + round(history_needed(rule.rule.expr) * 1000)
                     restored += 1
         if restored:
             log.info("restored %d alerts of %s;%s", restored, *key)

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .evaluation import RuleEvaluation
 from .monitor import Monitor
 from .promql.selectors import parse_selector
 from .store import is_stale
@@ -48,6 +49,7 @@ def _value(v: float) -> str:
 
 def build_app(
     get_monitor: Callable[[], Monitor],
+    get_evaluation: Callable[[], RuleEvaluation],
     registry: CollectorRegistry,
     get_token: Callable[[], str | None],
     reload: Callable[[], Awaitable[tuple[bool, list[str]]]],
@@ -116,6 +118,12 @@ def build_app(
         ]
         return JSONResponse({"status": "success", "data": data})
 
+    async def alerts(request: Request) -> Response:
+        return JSONResponse(get_evaluation().manager.alerts_json())
+
+    async def rules(request: Request) -> Response:
+        return JSONResponse(get_evaluation().manager.rules_json())
+
     async def do_reload(request: Request) -> Response:
         denied = check_bearer(request, get_token())
         if denied is not None:
@@ -133,6 +141,8 @@ def build_app(
             Route("/healthz", healthz),
             Route("/api/v1/targets", targets),
             Route("/api/v1/series", series),
+            Route("/api/v1/alerts", alerts),
+            Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
         ]
     )

@@ -1,9 +1,10 @@
-"""The `vllm-watchdog` command line: run, check, targets (later issues add more)."""
+"""The `vllm-watchdog` command line: run, check, targets, query, test-rules and replay."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 import time
@@ -14,8 +15,15 @@ import httpx
 from . import __version__, logs
 from .config import Config
 from .daemon import Daemon, load_all
+from .durations import parse_size
 from .errors import ConfigError
 from .monitor import Monitor
+from .promql.compile import compile_expr
+from .promql.engine import Engine
+from .promql.remote import PrometheusBackend
+from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+from .replay import run_replay
+from .ruletest import run_rule_tests
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
@@ -30,7 +38,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     logs.setup(args.log_level, fmt=args.log_format)
     try:
-        asyncio.run(Daemon(args.config).run())
+        daemon = Daemon(
+            args.config,
+            record=args.record,
+            record_max_bytes=args.record_max_bytes,
+            record_keep=args.record_keep,
+        )
+        asyncio.run(daemon.run())
     except ConfigError as exc:
         _print_problems(exc)
         return EXIT_INVALID
@@ -52,6 +66,86 @@ def cmd_check(args: argparse.Namespace) -> int:
     for path in config.rule_files:
         print(f"  {path}: OK")
     return EXIT_OK
+
+
+def escape_label(value: str) -> str:
+    """Escape a label value as the text format and PromQL print it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(v: float) -> str:
+    """A sample value as Prometheus prints it: 6, 0.25, NaN, +Inf."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+
+
+def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
+    name = next((v for k, v in labels if k == "__name__"), "")
+    rest = ", ".join(f'{k}="{escape_label(v)}"' for k, v in labels if k != "__name__")
+    return f"{name}{{{rest}}}"
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """Scrape every target once, evaluate one expression, and print the result."""
+    logs.setup("error", fmt="text")
+    try:
+        config, _ = load_all(args.config, os.environ)
+        compile_expr(args.expr)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return EXIT_INVALID
+    except PromQLError as exc:
+        print(f"vllm-watchdog: invalid expression: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        if config.rule_backend is not None:
+            backend = _remote_backend(config)
+            result: Value = backend.query(args.expr, time.time())
+        else:
+            monitor = asyncio.run(_scrape_once(config))
+            engine = Engine(monitor.store, lookback=config.global_.lookback_delta)
+            result = engine.query(args.expr, time.time())  # after the scrape, so its samples are visible
+    except QueryError as exc:
+        print(f"vllm-watchdog: query failed: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if isinstance(result, (Scalar, String)):
+        print(f"{_num(result.value) if isinstance(result, Scalar) else result.value} @[{result.t_ms / 1000}]")
+    elif isinstance(result, Matrix):
+        for rs in result:
+            points = " ".join(f"{_num(v)} @[{t / 1000}]" for t, v in zip(rs.ts, rs.vals, strict=True))
+            print(f"{_format_labels(rs.labels)} =>\n{points}")
+    else:
+        for sample in sorted(result, key=lambda s: s.labels):
+            print(f"{_format_labels(sample.labels)} => {_num(sample.value)} @[{sample.t_ms / 1000}]")
+    return EXIT_OK
+
+
+def cmd_test_rules(args: argparse.Namespace) -> int:
+    """Run rule unit tests written for `promtool test rules`."""
+    logs.setup("error", fmt="text")
+    return run_rule_tests(list(args.files), sys.stdout, sys.stderr)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a recorded scrape log through the rules and print the alert timeline."""
+    logs.setup("error", fmt="text")
+    try:
+        config, rules = load_all(args.config, os.environ)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return EXIT_INVALID
+    return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
+
+
+def _remote_backend(config: Config) -> PrometheusBackend:
+    cfg = config.rule_backend
+    assert cfg is not None
+    return PrometheusBackend(
+        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
+    )
 
 
 async def _scrape_once(config: Config) -> Monitor:
@@ -120,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", "-c", help=CONFIG_HELP)
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="auto", choices=["auto", "json", "text"])
+    run.add_argument(
+        "--record",
+        metavar="FILE",
+        help="append every scrape, probe and NVML reading to a compressed, rotated scrape log "
+        "(FILE.NNNNNN.gz) that `replay` reads",
+    )
+    run.add_argument(
+        "--record-max-bytes", type=parse_size, default=64 << 20, help="rotate segments at this size"
+    )
+    run.add_argument("--record-keep", type=int, default=8, help="segments kept after rotation")
     run.set_defaults(func=cmd_run)
     check = sub.add_parser(
         "check",
@@ -137,6 +241,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     targets.add_argument("--config", "-c", help=CONFIG_HELP)
     targets.set_defaults(func=cmd_targets)
+    query = sub.add_parser(
+        "query",
+        help="evaluate a PromQL expression against live targets once",
+        description="Scrape every target once (or ask the configured rule_backend) and print the result "
+        "of one PromQL expression. Exit 0 on success, 1 on an invalid config or expression.",
+    )
+    query.add_argument("--config", "-c", help=CONFIG_HELP)
+    query.add_argument("expr", help="PromQL expression, e.g. 'vllm:num_requests_waiting > 2'")
+    query.set_defaults(func=cmd_query)
+    tests = sub.add_parser(
+        "test-rules",
+        help="run rule unit tests (promtool test rules format)",
+        description="Run rule unit tests in the format of `promtool test rules`. Exit 0 if all pass, else 1.",
+    )
+    tests.add_argument("files", nargs="+", metavar="FILE", help="unit-test files")
+    tests.set_defaults(func=cmd_test_rules)
+    replay = sub.add_parser(
+        "replay",
+        help="replay a recorded scrape log through the rules",
+        description="Rebuild the samples of a scrape log written by `run --record`, evaluate the config's "
+        "rules over them on a simulated clock, and print the timeline of alerts.",
+    )
+    replay.add_argument("--config", "-c", help=CONFIG_HELP)
+    replay.add_argument("--input", "-i", required=True, help="the scrape log (as given to run --record)")
+    replay.add_argument("--start", type=float, help="first unix time to replay (default: the log's start)")
+    replay.add_argument("--end", type=float, help="last unix time to replay (default: the log's end)")
+    replay.set_defaults(func=cmd_replay)
     return parser
 
 

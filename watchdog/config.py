@@ -19,6 +19,7 @@ from .yamlnodes import Node, Problems, compose
 BUNDLED_PREFIX = "bundled:"
 DEFAULTS_NAME = "<embedded defaults>"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class GlobalConfig:
     body_size_limit: int = 16 * 1024 * 1024
     lookback_delta: float = 300.0
     keep_unreferenced: bool = False  # store families no rule reads (memory grows with targets)
+    external_labels: Mapping[str, str] = field(default_factory=dict)  # added to alerts, as in Prometheus
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,16 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class RemoteBackendConfig:
+    """Evaluate rule expressions on a Prometheus-compatible server (Prometheus, Thanos, Mimir)."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 10.0
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole parsed config."""
 
@@ -91,6 +103,8 @@ class Config:
     targets: tuple[TargetConfig, ...] = ()
     gpus: GpuConfig = field(default_factory=GpuConfig)
     rule_files: tuple[str, ...] = ()
+    rule_backend: RemoteBackendConfig | None = None  # None: the embedded evaluator
+    state_dir: str | None = None  # None: alert state does not survive a restart
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -147,6 +161,14 @@ def _rule_files(node: Node, base: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _state_dir(node: Node, base: Path) -> str | None:
+    text = node.scalar()
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    return str(path if path.is_absolute() else base / path)
+
+
 def _positive_duration(m: dict[str, Node], key: str) -> float | None:
     value = m[key].parsed(parse_duration) if key in m else None
     if value == 0:
@@ -159,7 +181,7 @@ def _global(node: Node) -> GlobalConfig:
     d = GlobalConfig()
     m = node.mapping(
         {"scrape_interval", "scrape_timeout", "evaluation_interval", "sample_limit"}
-        | {"body_size_limit", "lookback_delta", "keep_unreferenced"}
+        | {"body_size_limit", "lookback_delta", "keep_unreferenced", "external_labels"}
     )
     if m is None:
         return d
@@ -180,6 +202,42 @@ def _global(node: Node) -> GlobalConfig:
         body_size_limit=body or d.body_size_limit,
         lookback_delta=lookback or d.lookback_delta,
         keep_unreferenced=bool(keep),
+        external_labels=_external_labels(m["external_labels"]) if "external_labels" in m else {},
+    )
+
+
+def _external_labels(node: Node) -> dict[str, str]:
+    labels = node.string_map() or {}
+    for key in labels:
+        if not _LABEL.match(key) or key.startswith("__"):
+            node.error(f"invalid label name {key!r}")
+    return labels
+
+
+def _rule_backend(node: Node) -> RemoteBackendConfig | None:
+    m = node.mapping({"embedded", "prometheus"})
+    if m is None or len(m) != 1:
+        if m is not None:
+            node.error("set exactly one of 'embedded' or 'prometheus'")
+        return None
+    if "embedded" in m:
+        return None
+    p = m["prometheus"].mapping({"url", "headers", "timeout", "verify_tls"})
+    if p is None:
+        return None
+    if "url" not in p:
+        m["prometheus"].error("is required", field=f"{m['prometheus'].path}.url")
+        return None
+    url = p["url"].parsed(_http_url)
+    timeout = _positive_duration(p, "timeout")
+    verify = p["verify_tls"].boolean() if "verify_tls" in p else None
+    if url is None:
+        return None
+    return RemoteBackendConfig(
+        url=url,
+        headers=(p["headers"].string_map() or {}) if "headers" in p else {},
+        timeout=timeout or 10.0,
+        verify_tls=verify is not False,
     )
 
 
@@ -258,7 +316,16 @@ def _gpus(node: Node) -> GpuConfig:
     return GpuConfig(nvml=bool(nvml), dcgm_url=dcgm)
 
 
-TOP_LEVEL_KEYS = {"global", "listen", "api_token", "targets", "gpus", "rule_files"}
+TOP_LEVEL_KEYS = {
+    "global",
+    "listen",
+    "api_token",
+    "targets",
+    "gpus",
+    "rule_files",
+    "rule_backend",
+    "state_dir",
+}
 
 
 def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
@@ -290,6 +357,8 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         targets=tuple(targets),
         gpus=_gpus(top["gpus"]) if "gpus" in top else GpuConfig(),
         rule_files=_rule_files(top["rule_files"], base) if "rule_files" in top else (),
+        rule_backend=_rule_backend(top["rule_backend"]) if "rule_backend" in top else None,
+        state_dir=_state_dir(top["state_dir"], base) if "state_dir" in top else None,
     )
     if problems.items:
         raise ConfigError(problems.items, rule_files=cfg.rule_files)

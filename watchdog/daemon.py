@@ -31,8 +31,10 @@ from prometheus_client import CollectorRegistry
 from .api import build_app
 from .config import Config, load_config
 from .errors import ConfigError
+from .evaluation import RuleEvaluation
 from .monitor import Monitor
 from .rulefiles import RuleGroup, load_rule_files
+from .scrapelog import ScrapeLog
 from .sdnotify import Notifier
 from .selfmetrics import DaemonCounters, WatchdogCollector
 from .sources.gpu import GpuCollector
@@ -82,6 +84,9 @@ class Daemon:
         transport: httpx.AsyncBaseTransport | None = None,
         nvml: Any | None = None,
         keep_all: bool = False,
+        record: str | None = None,
+        record_max_bytes: int = 64 << 20,
+        record_keep: int = 8,
     ) -> None:
         self.config_path = config_path
         self.env = dict(os.environ if env is None else env)
@@ -94,6 +99,9 @@ class Daemon:
         self.notifier = Notifier(self.env)
         self.scheduler: AsyncIOScheduler | None = None
         self.monitor: Monitor | None = None
+        self.evaluation: RuleEvaluation | None = None
+        self.record = (record, record_max_bytes, record_keep)
+        self.scrapelog: ScrapeLog | None = None
         self.stop_event: asyncio.Event | None = None
         self.last_progress = monotonic()
         self._running: set[asyncio.Task[Any]] = set()
@@ -149,17 +157,27 @@ class Daemon:
                     functools.partial(mon.probe_canary, name),
                     rt.config.canary.interval,
                 )
+        if self.evaluation is not None:
+            ev = self.evaluation
+            for key in ev.group_keys():
+                add(f"eval:{key[0]};{key[1]}", functools.partial(ev.evaluate, key), ev.interval(key))
         if mon.dcgm is not None:
             add("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval)
         if mon.gpu is not None:
             add("nvml", mon.collect_gpus, g.scrape_interval)
         add("gc", self._gc, GC_INTERVAL)
+        if self.scrapelog is not None:
+            add("scrapelog", self._flush_log, 1.0)
         if self.notifier.watchdog_interval is not None:
             add("systemd-watchdog", self._ping, self.notifier.watchdog_interval)
 
     async def _gc(self, now: float) -> None:
         assert self.monitor is not None
         self.monitor.gc(now)
+
+    async def _flush_log(self, now: float) -> None:
+        if self.scrapelog is not None:
+            self.scrapelog.flush()
 
     async def _ping(self, now: float) -> None:
         if self.healthy():
@@ -197,6 +215,8 @@ class Daemon:
         if (config.listen_host, config.listen_port) != (old.listen_host, old.listen_port):
             log.warning("listen address changes take effect only after a restart")
         self.monitor.apply(config, rules, now=self.clock())
+        assert self.evaluation is not None
+        self.evaluation.apply(config, rules)
         self._attach_gpu(config)
         self._schedule(config)
         await self.monitor.close_retired()
@@ -224,18 +244,31 @@ class Daemon:
             log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
+        path, max_bytes, keep = self.record
+        if path is not None:
+            self.scrapelog = ScrapeLog(path, max_bytes=max_bytes, keep=keep, clock=self.clock)
         self.monitor = Monitor(
             config,
             rules,
             client_factory=self._new_client,
             keep_all=self.keep_all,
             monotonic=self.monotonic,
+            recorder=self.scrapelog,
+        )
+        mon = self.monitor
+        self.evaluation = RuleEvaluation(
+            config,
+            rules,
+            mon.store,
+            monotonic=self.monotonic,
+            ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
         )
         self._attach_gpu(config)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(WatchdogCollector(self.monitor, self.counters))
+        registry.register(WatchdogCollector(self.monitor, self.counters, self.evaluation))
         app = build_app(
             self._monitor,
+            self._evaluation,
             registry,
             lambda: self._monitor().config.api_token,
             self.reload,
@@ -285,6 +318,8 @@ class Daemon:
         if self.monitor.gpu is not None:
             self.monitor.gpu.close()
         await self.monitor.aclose()
+        if self.scrapelog is not None:
+            self.scrapelog.close()
 
     def _new_client(self) -> httpx.AsyncClient:
         """An HTTP client for one target; trust_env=False keeps proxies from redirecting traffic."""
@@ -296,6 +331,10 @@ class Daemon:
     def _monitor(self) -> Monitor:
         assert self.monitor is not None
         return self.monitor
+
+    def _evaluation(self) -> RuleEvaluation:
+        assert self.evaluation is not None
+        return self.evaluation
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

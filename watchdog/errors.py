@@ -4,8 +4,14 @@ WatchdogError
 ├── ConfigError          config or rule files are invalid; carries every problem as file:line: field: message
 ├── ScrapeError          one scrape of one target failed (transport, status, size, parse, limits)
 │   └── SampleLimitError the target exposed more series than its sample_limit
-└── SourceError          a non-scrape source (NVML, health probe) failed
+├── SourceError          a non-scrape source (NVML, health probe) failed
+├── PromQLError          an expression cannot be parsed or uses an unsupported construct (has a position);
+│                        raised at load time (promql/compile.py), so rule files fail `check`, not at 3 a.m.
+└── QueryError           evaluating a valid expression failed (many-to-many matching, duplicate label
+                         sets, a remote backend down); the rule is marked unhealthy and its state kept
 
+PromQLError and QueryError live in vllm_watchdog.promql.values next to the values they describe.
+TemplateError (a ValueError, in vllm_watchdog.templates) is turned into a ConfigError at load time.
 ExpositionError (a ValueError, in vllm_watchdog.exposition) is raised by the text parser and turned
 into a ScrapeError by the scraper, so callers of sources only ever see ScrapeError.
 """

@@ -14,8 +14,9 @@ import httpx
 
 from .config import Config, TargetConfig
 from .rulefiles import RuleGroup, StoreNeeds, store_needs
+from .scrapelog import ScrapeLog
 from .sources.gpu import GpuCollector
-from .sources.probes import CanaryProbe, HealthProbe, ProbeStatus
+from .sources.probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
 from .sources.scrape import ScrapeTarget
 from .store import SampleStore, make_labels
 
@@ -55,6 +56,7 @@ class Monitor:
         gpu: GpuCollector | None = None,
         keep_all: bool = False,
         monotonic: Callable[[], float] = time.perf_counter,
+        recorder: ScrapeLog | None = None,
     ) -> None:
         # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
         # so a single shared pool costs O(targets) per scrape.
@@ -62,6 +64,7 @@ class Monitor:
         self.retired: list[httpx.AsyncClient] = []
         self.monotonic = monotonic
         self.keep_all = keep_all
+        self.recorder = recorder  # `run --record`: every scrape and probe, for `replay`
         self.store = SampleStore(retention=0.0)
         self.gpu = gpu
         self.targets: dict[str, TargetRuntime] = {}
@@ -142,6 +145,7 @@ class Monitor:
             keep_name=keep,
             extra_labels=labels,
             monotonic=self.monotonic,
+            recorder=self.recorder,
         )
 
     def _build_target(
@@ -154,13 +158,23 @@ class Monitor:
         labels = {**tc.labels, "job": "vllm", "instance": tc.name}
         return TargetRuntime(tc, scrape, health, canary, labels)
 
-    def _record_probe(
-        self, rt: TargetRuntime, st: ProbeStatus, ok_name: str, latency_name: str, now: float
-    ) -> None:
+    def _record_probe(self, rt: TargetRuntime, st: ProbeStatus, kind: str, now: float) -> None:
         """Log a failed probe and store its outcome and latency as samples of the target."""
+        ok_name, latency_name = PROBE_SERIES[kind]
         if not st.ok:
             log.warning(
                 "probe failed", extra={"target": rt.config.name, "probe": ok_name, "error": st.last_error}
+            )
+        if self.recorder is not None:
+            self.recorder.record_probe(
+                t=now,
+                probe=kind,
+                job="vllm",
+                instance=rt.config.name,
+                labels=dict(rt.config.labels),
+                ok=bool(st.ok),
+                latency=st.latency,
+                error=st.last_error,
             )
         t_ms = math.floor(now * 1000)
         self.store.append(make_labels(ok_name, rt.labels), t_ms, 1.0 if st.ok else 0.0)
@@ -181,7 +195,7 @@ class Monitor:
         if rt is None:
             return
         st = await rt.health.probe(now)
-        self._record_probe(rt, st, "vllm_watchdog_health_up", "vllm_watchdog_health_latency_seconds", now)
+        self._record_probe(rt, st, "health", now)
 
     async def probe_canary(self, name: str, now: float) -> None:
         """Send one target's canary completion and record it as samples."""
@@ -189,9 +203,7 @@ class Monitor:
         if rt is None or rt.canary is None:
             return
         st = await rt.canary.probe(now)
-        self._record_probe(
-            rt, st, "vllm_watchdog_canary_success", "vllm_watchdog_canary_latency_seconds", now
-        )
+        self._record_probe(rt, st, "canary", now)
 
     async def scrape_dcgm(self, now: float) -> None:
         """Scrape the dcgm-exporter, if configured."""
@@ -207,6 +219,8 @@ class Monitor:
         samples = await asyncio.to_thread(self.gpu.collect)
         t_ms = math.floor(now * 1000)
         self.gpu.commit(samples, t_ms, self.keep_names)
+        if self.recorder is not None:
+            self.recorder.record_gpu(t=now, instance=self.gpu.instance, up=self.gpu.up, samples=samples)
 
     def gc(self, now: float) -> int:
         """Trim the store to its retention."""

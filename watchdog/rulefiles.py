@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,9 @@ import promql_parser
 
 from .durations import parse_duration
 from .errors import ConfigError, Problem
+from .promql.compile import compile_expr
+from .promql.values import PromQLError
+from .templates import check_template
 from .yamlnodes import Node, Problems, compose
 
 
@@ -49,6 +53,8 @@ class StoreNeeds:
     max_lookback: float
 
 
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 
 
@@ -68,18 +74,21 @@ def _rule(node: Node) -> Rule | None:
     expr = m["expr"].string()
     if expr is not None:
         try:
-            promql_parser.parse(expr)
-        except ValueError as exc:
+            compile_expr(expr)
+        except PromQLError as exc:
             m["expr"].error(f"could not parse expression: {exc}")
             expr = None
     if kind == "record":
         for key in ("for", "keep_firing_for", "annotations"):
             if key in m:
                 m[key].error(f"invalid field {key!r} in recording rule")
+        if name is not None and not _METRIC_NAME.match(name):
+            m[kind].error(f"invalid recording rule name: {name}")
     for_ = m["for"].parsed(parse_duration) if "for" in m else 0.0
     keep = m["keep_firing_for"].parsed(parse_duration) if "keep_firing_for" in m else 0.0
     labels = m["labels"].string_map() if "labels" in m else {}
     annotations = m["annotations"].string_map() if "annotations" in m else {}
+    _check_names(m, labels or {}, annotations or {}, templated=kind == "alert")
     if name is None or expr is None:
         return None
     return Rule(
@@ -93,6 +102,19 @@ def _rule(node: Node) -> Rule | None:
         labels=labels or {},
         annotations=annotations or {},
     )
+
+
+def _check_names(
+    m: dict[str, Node], labels: dict[str, str], annotations: dict[str, str], templated: bool
+) -> None:
+    """Label and annotation names must be valid; alerting rules' templates must compile (promtool checks)."""
+    for key, mapping in (("labels", labels), ("annotations", annotations)):
+        for name, text in mapping.items():
+            if not _LABEL_NAME.match(name) or (key == "labels" and name == "__name__"):
+                m[key].error(f"invalid {key[:-1]} name: {name}")
+            problem = check_template(text) if templated else None
+            if problem is not None:
+                m[key].error(f"{key[:-1]} {name!r}: template: {problem}")
 
 
 def parse_rule_file(text: str, source: str) -> list[RuleGroup]:
@@ -190,6 +212,11 @@ def _needs(node: Any, extra: float, lookback: float, names: set[str] | None) -> 
         n, a = _needs(child, extra, lookback, names)
         need, anyname = max(need, n), anyname or a
     return need, anyname
+
+
+def history_needed(expr: str) -> float:
+    """Seconds of history an expression reads beyond its newest samples (ranges, subqueries, offsets)."""
+    return _needs(promql_parser.parse(expr), 0.0, 0.0, None)[0]
 
 
 def store_needs(groups: Iterable[RuleGroup], lookback: float) -> StoreNeeds:

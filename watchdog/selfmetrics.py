@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .evaluation import RuleEvaluation
 from .monitor import Monitor
 
 
@@ -31,9 +32,12 @@ class DaemonCounters:
 class WatchdogCollector(Collector):
     """Exports scrape, probe, store and daemon state of one Monitor."""
 
-    def __init__(self, monitor: Monitor, counters: DaemonCounters) -> None:
+    def __init__(
+        self, monitor: Monitor, counters: DaemonCounters, evaluation: RuleEvaluation | None = None
+    ) -> None:
         self.monitor = monitor
         self.counters = counters
+        self.evaluation = evaluation
 
     def collect(self) -> Iterator[Metric]:
         """Build every family from current state."""
@@ -80,6 +84,9 @@ class WatchdogCollector(Collector):
             gpu = GaugeMetricFamily("vllm_watchdog_nvml_up", "1 if the last NVML reading succeeded.")
             gpu.add_metric([], 1 if m.gpu.up else 0)
             yield gpu
+        if self.evaluation is not None:
+            yield from _alerts(self.evaluation)
+            yield from _evaluations(self.evaluation)
 
     def _scrapes(self, m: Monitor) -> Iterator[Metric]:
         labels = ["job", "instance"]
@@ -131,3 +138,46 @@ class WatchdogCollector(Collector):
                 fams["vllm_watchdog_canary_success"].add_metric(key, 1 if cs.ok else 0)
                 fams["vllm_watchdog_canary_latency_seconds"].add_metric(key, cs.latency)
         yield from fams.values()
+
+
+def _alerts(ev: RuleEvaluation) -> Iterator[Metric]:
+    """ALERTS and ALERTS_FOR_STATE, as Prometheus writes them, one family each with per-series labels."""
+    families: dict[str, Metric] = {}
+    docs = {
+        "ALERTS": "Active alerts: 1 per pending or firing alert, labelled with its state.",
+        "ALERTS_FOR_STATE": "When each active alert became active (unix seconds).",
+    }
+    for labels, value in ev.manager.alert_series():
+        name = labels.get("__name__", "ALERTS")
+        family = families.setdefault(name, Metric(name, docs.get(name, name), "gauge"))
+        family.add_sample(name, {k: v for k, v in labels.items() if k != "__name__"}, value)
+    yield from families.values()
+
+
+def _evaluations(ev: RuleEvaluation) -> Iterator[Metric]:
+    total = CounterMetricFamily(
+        "vllm_watchdog_rule_group_evaluations", "Rule group evaluations.", labels=["rule_group"]
+    )
+    duration = GaugeMetricFamily(
+        "vllm_watchdog_rule_group_last_duration_seconds",
+        "How long the last evaluation of a group took.",
+        labels=["rule_group"],
+    )
+    for group, n in sorted(ev.stats.evaluations.items()):
+        total.add_metric([group], n)
+        duration.add_metric([group], ev.stats.last_duration.get(group, 0.0))
+    yield total
+    yield duration
+    failures = CounterMetricFamily(
+        "vllm_watchdog_rule_evaluation_failures",
+        "Rule evaluations that failed (query error, limit exceeded), by group.",
+        labels=["rule_group"],
+    )
+    for group, n in sorted(ev.manager.failures().items()):
+        failures.add_metric([group], n)
+    yield failures
+    remote = CounterMetricFamily(
+        "vllm_watchdog_remote_query_failures", "Queries the remote rule backend failed to answer."
+    )
+    remote.add_metric([], ev.stats.remote_failures)
+    yield remote

@@ -1,0 +1,149 @@
+"""Rule evaluation for the daemon: the embedded engine or a remote Prometheus, feeding one RuleManager."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Config, RemoteBackendConfig
+from .promql.engine import Engine, vector_query
+from .promql.remote import PrometheusBackend
+from .promql.values import QueryError, QueryFunc, Vector
+from .rulefiles import RuleGroup
+from .rulegroups import RuleManager
+from .store import SampleStore
+
+log = logging.getLogger(__name__)
+STATE_FILE = "alerts.json"
+
+
+@dataclass
+class EvaluationStats:
+    """Counters for the own /metrics: evaluations per group, failures, and the last duration."""
+
+    evaluations: dict[str, int] = field(default_factory=dict)
+    last_duration: dict[str, float] = field(default_factory=dict)
+    remote_failures: int = 0
+
+
+def _key_name(key: tuple[str, str]) -> str:
+    return f"{key[0]};{key[1]}"
+
+
+class RuleEvaluation:
+    """Owns the query backend and the alert state of the current rule groups."""
+
+    def __init__(
+        self,
+        config: Config,
+        groups: tuple[RuleGroup, ...],
+        store: SampleStore,
+        *,
+        monotonic: Callable[[], float] = time.perf_counter,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.store = store
+        self.ready = ready
+        self.started = False
+        self.monotonic = monotonic
+        self.stats = EvaluationStats()
+        self.config = config
+        self.groups = groups
+        self.engine = Engine(
+            store,
+            lookback=config.global_.lookback_delta,
+            default_step=config.global_.evaluation_interval,
+        )
+        self.remote = _remote(config.rule_backend)
+        state = Path(config.state_dir) / STATE_FILE if config.state_dir else None
+        if state is None:
+            log.warning("no state_dir: pending and firing alerts will not survive a restart")
+        self.manager = RuleManager(
+            groups,
+            self._query_for(config),
+            store,
+            default_interval=config.global_.evaluation_interval,
+            external_labels=config.global_.external_labels,
+            state_path=state,
+        )
+
+    def _query_for(self, config: Config) -> QueryFunc:
+        return vector_query(self.engine)
+
+    def apply(self, config: Config, groups: tuple[RuleGroup, ...]) -> None:
+        """Take a reloaded config; alert state carries over to rules that stay the same."""
+        self.engine = Engine(
+            self.store,
+            lookback=config.global_.lookback_delta,
+            default_step=config.global_.evaluation_interval,
+        )
+        if config.rule_backend != self.config.rule_backend:
+            self.remote = _remote(config.rule_backend)
+        self.config, self.groups = config, groups
+        self.manager.update(groups, self._query_for(config), config.global_.evaluation_interval)
+
+    def group_keys(self) -> list[tuple[str, str]]:
+        """(file, name) of every group, in file order."""
+        return list(self.manager.group_keys())
+
+    def interval(self, key: tuple[str, str]) -> float:
+        """How often a group is evaluated."""
+        return float(self.manager.interval(key))
+
+    async def evaluate(self, key: tuple[str, str], now: float) -> None:
+        """Evaluate one group at `now`; remote queries run in threads, state changes stay on the loop."""
+        if not self.started:
+            # Right after start-up the store is empty: evaluating now would resolve every restored alert.
+            if self.remote is None and not self.ready():
+                return
+            self.started = True
+        start = self.monotonic()
+        if self.remote is None:
+            self.manager.evaluate_group(key, now)
+        else:
+            answers = await self._prefetch(key, now)
+            self.manager.evaluate_group(key, now, query=_answering(answers))
+        name = _key_name(key)
+        self.stats.evaluations[name] = self.stats.evaluations.get(name, 0) + 1
+        self.stats.last_duration[name] = self.monotonic() - start
+
+    async def _prefetch(self, key: tuple[str, str], now: float) -> dict[str, Vector | QueryError]:
+        """Ask the remote backend every expression of a group concurrently."""
+        assert self.remote is not None
+        remote = self.remote
+        group = next(g for g in self.groups if (g.file, g.name) == key)
+        exprs = sorted({r.expr for r in group.rules})
+
+        async def one(expr: str) -> Vector | QueryError:
+            try:
+                return await asyncio.to_thread(remote.query, expr, now)
+            except QueryError as exc:
+                self.stats.remote_failures += 1
+                return exc
+
+        results = await asyncio.gather(*(one(e) for e in exprs))
+        return dict(zip(exprs, results, strict=True))
+
+
+def _answering(answers: dict[str, Vector | QueryError]) -> QueryFunc:
+    def query(expr: str, at: float) -> Vector:
+        got = answers.get(expr)
+        if got is None:
+            raise QueryError(f"expression {expr!r} was not prefetched")
+        if isinstance(got, QueryError):
+            raise got
+        return got
+
+    return query
+
+
+def _remote(cfg: RemoteBackendConfig | None) -> PrometheusBackend | None:
+    if cfg is None:
+        return None
+    return PrometheusBackend(
+        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
+    )
