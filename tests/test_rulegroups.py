@@ -498,3 +498,25 @@ groups:
     rate = newest(store, "job:http_requests:rate1m", job="api")
     assert rate is not None and rate == pytest.approx(10.0 / 15.0)
     assert [a.labels["alertname"] for a in m.alerts_to_send(T0 + 75)] == ["Busy"]
+
+
+def test_restored_alert_waits_for_history_before_resolving(tmp_path: Path) -> None:
+    """After a restart the store is empty: a restored alert on rate(x[5m]) holds until 5m of data exist."""
+    groups = tuple(
+        parse_rule_file("groups: [{name: g, rules: [{alert: Hot, expr: 'rate(x[5m]) > 0'}]}]", "r.yml")
+    )
+    hits = Vector([Sample((("instance", "a"),), 1.0, 0)])
+    state = tmp_path / "alerts.json"
+    first = RuleManager(groups, lambda e, t: hits, SampleStore(600), default_interval=1.0, state_path=state)
+    (key,) = first.group_keys()
+    first.evaluate_group(key, 1000.0)
+    ((_, alert),) = first.active_alerts()
+    assert str(alert.state) == "firing"
+
+    empty = Vector()
+    again = RuleManager(groups, lambda e, t: empty, SampleStore(600), default_interval=1.0, state_path=state)
+    again.evaluate_group(key, 1010.0)
+    ((_, held),) = again.active_alerts()
+    assert str(held.state) == "firing" and held.active_at == alert.active_at
+    again.evaluate_group(key, 1010.0 + 300.0)  # 5m of history could exist now: absence means resolved
+    assert again.active_alerts() == [] or all(str(a.state) == "inactive" for _, a in again.active_alerts())
