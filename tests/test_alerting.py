@@ -13,10 +13,10 @@ from vllm_watchdog.alerting import (
     AlertingRule,
     AlertState,
     alert_json,
-    go_float,
     rfc3339,
     rule_json,
 )
+from vllm_watchdog.goformat import go_float
 from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector
 from vllm_watchdog.rulefiles import Rule
 from vllm_watchdog.store import Labels
@@ -329,7 +329,7 @@ def test_api_json_shapes() -> None:
     ],
 )
 def test_go_float(value: float, text: str) -> None:
-    assert go_float(value) == text
+    assert go_float(value, "e") == text
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from datetime import date, timedelta
 from typing import Any
 from urllib.parse import quote_plus
 
+from .goformat import go_float
 from .promql.values import QueryError, QueryFunc
 from .rulefiles import Rule
 from .store import Labels
@@ -288,31 +289,6 @@ class AlertingRule:
         return out
 
 
-def go_float(value: float) -> str:
-    """A float as Go's strconv.FormatFloat(v, 'e', -1, 64) writes it (the API's alert "value")."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    sign = "-" if math.copysign(1.0, value) < 0 else ""
-    if value == 0:
-        return f"{sign}0e+00"
-    digits, exponent = _shortest_digits(abs(value))
-    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    exp = exponent + len(digits) - 1
-    return f"{sign}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-
-
-def _shortest_digits(value: float) -> tuple[str, int]:
-    """The shortest digit string d and exponent e with float(d * 10**e) == value."""
-    mantissa, _, exp = repr(value).partition("e")
-    whole, _, frac = mantissa.partition(".")
-    digits = (whole + frac).lstrip("0")
-    exponent = (int(exp) if exp else 0) - len(frac)
-    stripped = digits.rstrip("0")
-    return stripped, exponent + len(digits) - len(stripped)
-
-
 def go_number(value: float) -> float | int:
     """A whole float as an int, so JSON shows it as Go's encoder does (60, not 60.0)."""
     return int(value) if value.is_integer() else value
@@ -336,7 +312,7 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "annotations": dict(sorted(alert.annotations.items())),
         "state": str(alert.state),
         "activeAt": rfc3339(alert.active_at),
-        "value": go_float(alert.value),
+        "value": go_float(alert.value, "e"),
     }
     if alert.keep_firing_since is not None:
         out["keepFiringSince"] = rfc3339(alert.keep_firing_since)

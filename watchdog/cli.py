@@ -23,6 +23,7 @@ from .promql.engine import Engine
 from .promql.remote import PrometheusBackend
 from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
 from .replay import run_replay
+from .rulefiles import RuleGroup
 from .ruletest import run_rule_tests
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
@@ -32,6 +33,15 @@ CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 1
 def _print_problems(exc: ConfigError) -> None:
     for problem in exc.problems:
         print(problem, file=sys.stderr)
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | None:
+    """Config and rules of --config, or None after printing every problem."""
+    try:
+        return load_all(args.config, os.environ)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -56,11 +66,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate config and rule files; print every problem as file:line: field: message."""
-    try:
-        config, rules = load_all(args.config, os.environ)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
+    config, rules = loaded
     n_rules = sum(len(g.rules) for g in rules)
     print(f"{config.source}: OK: {len(config.targets)} targets, {len(rules)} rule groups, {n_rules} rules")
     for path in config.rule_files:
@@ -132,11 +141,10 @@ def cmd_test_rules(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a recorded scrape log through the rules and print the alert timeline."""
     logs.setup("error", fmt="text")
-    try:
-        config, rules = load_all(args.config, os.environ)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
+    config, rules = loaded
     return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
 
 
@@ -174,12 +182,10 @@ def _fmt_probe(ok: bool | None, latency: float) -> str:
 def cmd_targets(args: argparse.Namespace) -> int:
     """Scrape every target once and print a table of their state."""
     logs.setup("error", fmt="text")
-    try:
-        config, _ = load_all(args.config, os.environ)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
-    monitor = asyncio.run(_scrape_once(config))
+    monitor = asyncio.run(_scrape_once(loaded[0]))
     rows = [("TARGET", "URL", "UP", "SAMPLES", "SCRAPE", "HEALTH", "CANARY", "ERROR")]
     all_up = True
     for rt in monitor.targets.values():

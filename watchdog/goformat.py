@@ -35,21 +35,21 @@ def go_labels(labels: Labels) -> str:
     return "{" + ", ".join(f"{k}={go_quote(v)}" for k, v in labels) + "}"
 
 
-def go_float(value: float) -> str:
-    """strconv.FormatFloat(v, 'E', -1, 64): shortest digits in exponent form, e.g. 1.5E+00."""
+def go_float(value: float, letter: str = "E") -> str:
+    """strconv.FormatFloat(v, 'E' or 'e', -1, 64): shortest digits in exponent form, e.g. 1.5E+00."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     sign = "-" if math.copysign(1.0, value) < 0 else ""
     if value == 0:
-        return f"{sign}0E+00"
+        return f"{sign}0{letter}+00"
     digits_tuple = Decimal(repr(abs(value))).normalize().as_tuple()
     digits = "".join(map(str, digits_tuple.digits))
     assert isinstance(digits_tuple.exponent, int)
     exp = digits_tuple.exponent + len(digits) - 1
     mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    return f"{sign}{mantissa}E{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    return f"{sign}{mantissa}{letter}{'-' if exp < 0 else '+'}{abs(exp):02d}"
 
 
 _MODEL_UNITS = (
