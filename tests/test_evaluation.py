@@ -227,3 +227,34 @@ def test_test_rules_command_matches_promtool_exit_codes() -> None:
         )
         ref = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, timeout=60)
         assert ours.returncode == ref.returncode, path.name
+
+
+async def _record(cfg: Path, port: int, log: Path) -> None:
+    d = Daemon(str(cfg), env={}, record=str(log))
+    ready = asyncio.Event()
+    task = asyncio.create_task(d.run(ready))
+    await asyncio.wait_for(ready.wait(), 20)
+    async with httpx.AsyncClient() as client:
+        await wait_for(client, f"http://127.0.0.1:{port}/api/v1/alerts", firing)
+    await asyncio.sleep(3)  # a few more scrapes, so the replay's simulated clock passes `for` too
+    d.stop()
+    await asyncio.wait_for(task, 10)
+
+
+def test_run_record_then_replay_shows_the_alert(tmp_path: Path, fault: FaultServer) -> None:
+    fault.vllm_like(PAYLOAD)
+    port = free_port()
+    cfg = write(tmp_path, fault.url, port)
+    log = tmp_path / "scrapes"
+    asyncio.run(_record(cfg, port, log))
+    assert sorted(p.name for p in tmp_path.glob("scrapes.*.gz")) == ["scrapes.000001.gz"]
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_watchdog", "replay", "--config", str(cfg), "--input", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(" pending " in f" {line} " and "Backlog{" in line for line in lines), out.stdout
+    assert any(" firing " in f" {line} " and "Backlog{" in line for line in lines), out.stdout
