@@ -155,11 +155,11 @@ def decode(doc: Any) -> dict[tuple[str, str], SavedGroup]:
 
 
 def load_state(path: Path) -> dict[tuple[str, str], SavedGroup]:
-    """Saved groups from the state file; a missing, unreadable or corrupt one logs a warning, gives none."""
+    """Saved groups from the state file; an unreadable or corrupt one logs a warning, gives none."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        log.warning("no saved alert state at %s: starting with no active alerts", path)
+    except FileNotFoundError:  # the first start: nothing to restore, nothing wrong
+        log.info("no saved alert state at %s: starting with no active alerts", path)
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         log.warning("cannot read alert state file %s (%s): starting with no active alerts", path, exc)
