@@ -9,7 +9,7 @@ from typing import Any, Union
 
 import promql_parser
 
-from .positions import error_position, find_token, tokenize
+from .positions import PARSER_AGGREGATORS, error_position, find_token, tokenize
 from .selectors import Selector, from_ast
 from .values import PromQLError
 
@@ -97,22 +97,8 @@ OTHER_FUNCTIONS = frozenset(
     )
 )
 FUNCTIONS = RANGE_FUNCTIONS | MATH_FUNCTIONS | DATE_FUNCTIONS | OTHER_FUNCTIONS
-AGGREGATIONS = frozenset(
-    (
-        "sum",
-        "avg",
-        "min",
-        "max",
-        "count",
-        "group",
-        "stddev",
-        "stdvar",
-        "topk",
-        "bottomk",
-        "quantile",
-        "count_values",
-    )
-)
+# Every aggregator the parser knows except those newer than Prometheus 2.42.
+AGGREGATIONS = PARSER_AGGREGATORS - {"limitk", "limit_ratio"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 

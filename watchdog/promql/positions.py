@@ -103,12 +103,13 @@ def _named_position(message: str, text: str, tokens: list[Token]) -> int | None:
                 return tok.start
     if "aggregat" in message:
         for tok in tokens:
-            if tok.kind == "ident" and tok.text.lower() in _AGGREGATORS:
+            if tok.kind == "ident" and tok.text.lower() in PARSER_AGGREGATORS:
                 return tok.start
     return None
 
 
-_AGGREGATORS = frozenset(
+# Aggregation keywords promql-parser accepts (compile.py rejects the ones newer than 2.42).
+PARSER_AGGREGATORS = frozenset(
     (
         "sum",
         "avg",
