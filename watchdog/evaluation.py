@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config, RemoteBackendConfig
+from .config import Config
 from .promql.engine import Engine, vector_query
-from .promql.remote import PrometheusBackend
+from .promql.remote import PrometheusBackend, backend_for
 from .promql.values import QueryError, QueryFunc, Vector
 from .rulefiles import RuleGroup
 from .rulegroups import RuleManager
@@ -58,21 +58,18 @@ class RuleEvaluation:
             lookback=config.global_.lookback_delta,
             default_step=config.global_.evaluation_interval,
         )
-        self.remote = _remote(config.rule_backend)
+        self.remote = _remote(config)
         state = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         if state is None:
             log.warning("no state_dir: pending and firing alerts will not survive a restart")
         self.manager = RuleManager(
             groups,
-            self._query_for(config),
+            vector_query(self.engine),
             store,
             default_interval=config.global_.evaluation_interval,
             external_labels=config.global_.external_labels,
             state_path=state,
         )
-
-    def _query_for(self, config: Config) -> QueryFunc:
-        return vector_query(self.engine)
 
     def apply(self, config: Config, groups: tuple[RuleGroup, ...]) -> None:
         """Take a reloaded config; alert state carries over to rules that stay the same."""
@@ -82,9 +79,11 @@ class RuleEvaluation:
             default_step=config.global_.evaluation_interval,
         )
         if config.rule_backend != self.config.rule_backend:
-            self.remote = _remote(config.rule_backend)
+            if self.remote is not None:
+                self.remote.close()
+            self.remote = _remote(config)
         self.config, self.groups = config, groups
-        self.manager.update(groups, self._query_for(config), config.global_.evaluation_interval)
+        self.manager.update(groups, vector_query(self.engine), config.global_.evaluation_interval)
 
     def group_keys(self) -> list[tuple[str, str]]:
         """(file, name) of every group, in file order."""
@@ -141,9 +140,5 @@ def _answering(answers: dict[str, Vector | QueryError]) -> QueryFunc:
     return query
 
 
-def _remote(cfg: RemoteBackendConfig | None) -> PrometheusBackend | None:
-    if cfg is None:
-        return None
-    return PrometheusBackend(
-        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
-    )
+def _remote(config: Config) -> PrometheusBackend | None:
+    return None if config.rule_backend is None else backend_for(config.rule_backend)

@@ -20,6 +20,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from ..config import RemoteBackendConfig
 from ..store import Labels
 from .values import QueryError, Sample, Vector, to_ms
 
@@ -165,3 +166,10 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, requests.exceptions.SSLError):
         return "TLS handshake or certificate verification failed"
     return type(exc).__name__
+
+
+def backend_for(cfg: RemoteBackendConfig) -> PrometheusBackend:
+    """The backend a config's `rule_backend.prometheus` block describes."""
+    return PrometheusBackend(
+        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
+    )
