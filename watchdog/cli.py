@@ -8,7 +8,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -20,7 +21,7 @@ from .errors import ConfigError
 from .monitor import Monitor
 from .promql.compile import compile_expr
 from .promql.engine import Engine
-from .promql.remote import PrometheusBackend
+from .promql.remote import backend_for
 from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
 from .replay import run_replay
 from .rulefiles import RuleGroup
@@ -100,19 +101,18 @@ def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
 def cmd_query(args: argparse.Namespace) -> int:
     """Scrape every target once, evaluate one expression, and print the result."""
     logs.setup("error", fmt="text")
-    try:
-        config, _ = load_all(args.config, os.environ)
-        compile_expr(args.expr)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load(args)
+    if loaded is None:
         return EXIT_INVALID
+    config = loaded[0]
+    try:
+        compile_expr(args.expr)
     except PromQLError as exc:
         print(f"vllm-watchdog: invalid expression: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
         if config.rule_backend is not None:
-            backend = _remote_backend(config)
-            result: Value = backend.query(args.expr, time.time())
+            result: Value = backend_for(config.rule_backend).query(args.expr, time.time())
         else:
             monitor = asyncio.run(_scrape_once(config))
             engine = Engine(monitor.store, lookback=config.global_.lookback_delta)
@@ -146,14 +146,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     config, rules = loaded
     return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
-
-
-def _remote_backend(config: Config) -> PrometheusBackend:
-    cfg = config.rule_backend
-    assert cfg is not None
-    return PrometheusBackend(
-        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
-    )
 
 
 async def _scrape_once(config: Config) -> Monitor:
@@ -211,13 +203,29 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return EXIT_OK if all_up else EXIT_DOWN
 
 
+def _command(
+    sub: Any,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str,
+    *,
+    config: bool = True,
+) -> argparse.ArgumentParser:
+    """One sub-command, with --config unless it reads no config."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+    if config:
+        parser.add_argument("--config", "-c", help=CONFIG_HELP)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
     parser = argparse.ArgumentParser(prog="vllm-watchdog", description="Watch and remediate vLLM servers.")
     parser.add_argument("--version", action="version", version=f"vllm-watchdog {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run the daemon", description="Run the watchdog daemon until SIGTERM.")
-    run.add_argument("--config", "-c", help=CONFIG_HELP)
+    run = _command(sub, "run", cmd_run, "run the daemon", "Run the watchdog daemon until SIGTERM.")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="auto", choices=["auto", "json", "text"])
     run.add_argument(
@@ -230,50 +238,51 @@ def build_parser() -> argparse.ArgumentParser:
         "--record-max-bytes", type=parse_size, default=64 << 20, help="rotate segments at this size"
     )
     run.add_argument("--record-keep", type=int, default=8, help="segments kept after rotation")
-    run.set_defaults(func=cmd_run)
-    check = sub.add_parser(
+    _command(
+        sub,
         "check",
-        help="validate config and rule files",
-        description="Validate the config and every rule file it names. Exit 0 if valid, "
+        cmd_check,
+        "validate config and rule files",
+        "Validate the config and every rule file it names. Exit 0 if valid, "
         "else 1 with every problem as file:line: field: message.",
     )
-    check.add_argument("--config", "-c", help=CONFIG_HELP)
-    check.set_defaults(func=cmd_check)
-    targets = sub.add_parser(
+    _command(
+        sub,
         "targets",
-        help="scrape every target once and print their state",
-        description="Scrape, health-probe and canary every target once and print a table. "
+        cmd_targets,
+        "scrape every target once and print their state",
+        "Scrape, health-probe and canary every target once and print a table. "
         "Exit 0 if all are up, 2 if any is not, 1 on invalid config.",
     )
-    targets.add_argument("--config", "-c", help=CONFIG_HELP)
-    targets.set_defaults(func=cmd_targets)
-    query = sub.add_parser(
+    query = _command(
+        sub,
         "query",
-        help="evaluate a PromQL expression against live targets once",
-        description="Scrape every target once (or ask the configured rule_backend) and print the result "
+        cmd_query,
+        "evaluate a PromQL expression against live targets once",
+        "Scrape every target once (or ask the configured rule_backend) and print the result "
         "of one PromQL expression. Exit 0 on success, 1 on an invalid config or expression.",
     )
-    query.add_argument("--config", "-c", help=CONFIG_HELP)
     query.add_argument("expr", help="PromQL expression, e.g. 'vllm:num_requests_waiting > 2'")
-    query.set_defaults(func=cmd_query)
-    tests = sub.add_parser(
+    tests = _command(
+        sub,
         "test-rules",
-        help="run rule unit tests (promtool test rules format)",
-        description="Run rule unit tests in the format of `promtool test rules`. Exit 0 if all pass, else 1.",
+        cmd_test_rules,
+        "run rule unit tests (promtool test rules format)",
+        "Run rule unit tests in the format of `promtool test rules`. Exit 0 if all pass, else 1.",
+        config=False,
     )
     tests.add_argument("files", nargs="+", metavar="FILE", help="unit-test files")
-    tests.set_defaults(func=cmd_test_rules)
-    replay = sub.add_parser(
+    replay = _command(
+        sub,
         "replay",
-        help="replay a recorded scrape log through the rules",
-        description="Rebuild the samples of a scrape log written by `run --record`, evaluate the config's "
+        cmd_replay,
+        "replay a recorded scrape log through the rules",
+        "Rebuild the samples of a scrape log written by `run --record`, evaluate the config's "
         "rules over them on a simulated clock, and print the timeline of alerts.",
     )
-    replay.add_argument("--config", "-c", help=CONFIG_HELP)
     replay.add_argument("--input", "-i", required=True, help="the scrape log (as given to run --record)")
     replay.add_argument("--start", type=float, help="first unix time to replay (default: the log's start)")
     replay.add_argument("--end", type=float, help="last unix time to replay (default: the log's end)")
-    replay.set_defaults(func=cmd_replay)
     return parser
 
 
