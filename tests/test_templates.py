@@ -14,7 +14,7 @@ LABELS = {
     "job": "node",
     "num": "1234.5",
     "pct": "0.1234",
-    "ip": "10.0.0.1:80",
+    "ip": "127.0.0.1:80",
     "v6": "[::1]:9090",
     "path": "/var/lib/x",
     "Mixed": "hello wORLD_foo-bar baz",
@@ -477,16 +477,16 @@ FIXED: list[tuple[str, str]] = [  # rendered with value 1, LABELS, EXTERNAL_LABE
     ),
     (
         "{{ $labels }}",
-        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
+        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
     ),
     (
         "{{ .Labels }}",
-        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
+        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
     ),
     ("{{ $externalLabels }}", "map[env:prod region:eu]"),
     (
         "{{ . }}",
-        "{map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090] map[env:prod region:eu] http://prom.example.com:9090/sub/path 1}",
+        "{map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090] map[env:prod region:eu] http://prom.example.com:9090/sub/path 1}",
     ),
     (
         "{{ $labels.num | humanize }} {{ $labels.pct | humanizePercentage }} {{ $labels.ts | humanizeTimestamp }}",
@@ -538,7 +538,7 @@ FIXED: list[tuple[str, str]] = [  # rendered with value 1, LABELS, EXTERNAL_LABE
     ),
     (
         '{{ stripDomain $labels.instance }} {{ stripDomain $labels.ip }} {{ stripDomain "foo.bar" }} {{ stripDomain $labels.v6 }} {{ stripDomain "fe80::1" }} {{ stripDomain "a.b:c:d" }}',
-        "host:9100 10.0.0.1:80 foo [::1]:9090 fe80::1 a",
+        "host:9100 127.0.0.1:80 foo [::1]:9090 fe80::1 a",
     ),
     (
         '{{ safeHtml "<b>" }} {{ html "<a href=\'x\'>&" }} {{ urlquery "a b&c/d~" }} {{ js "a\'b\\"<>=&\\n" }}',
@@ -583,7 +583,7 @@ FIXED: list[tuple[str, str]] = [  # rendered with value 1, LABELS, EXTERNAL_LABE
     ('{{ printf "%s" "a" "b" 3 }}', "a%!(EXTRA string=b, int=3)"),
     (
         '{{ printf "%v|%s|%d" $labels $labels $labels }}',
-        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]|map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]|map[%!d(string=Mixed):%!d(string=hello wORLD_foo-bar baz) %!d(string=bad):%!d(string=abc) %!d(string=instance):%!d(string=host.example.com:9100) %!d(string=ip):%!d(string=10.0.0.1:80) %!d(string=job):%!d(string=node) %!d(string=num):%!d(string=1234.5) %!d(string=path):%!d(string=/var/lib/x) %!d(string=pct):%!d(string=0.1234) %!d(string=ts):%!d(string=1234567890.123) %!d(string=v6):%!d(string=[::1]:9090)]",
+        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]|map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]|map[%!d(string=Mixed):%!d(string=hello wORLD_foo-bar baz) %!d(string=bad):%!d(string=abc) %!d(string=instance):%!d(string=host.example.com:9100) %!d(string=ip):%!d(string=127.0.0.1:80) %!d(string=job):%!d(string=node) %!d(string=num):%!d(string=1234.5) %!d(string=path):%!d(string=/var/lib/x) %!d(string=pct):%!d(string=0.1234) %!d(string=ts):%!d(string=1234567890.123) %!d(string=v6):%!d(string=[::1]:9090)]",
     ),
     ('{{ printf "100%%|%" }}', "100%|%!(NOVERB)"),
     ('{{ printf "%z" 1 }}', "%!z(int=1)"),
@@ -607,11 +607,11 @@ FIXED: list[tuple[str, str]] = [  # rendered with value 1, LABELS, EXTERNAL_LABE
     ),
     (
         "{{ range $k, $v := $labels }}{{ $k }}={{ $v }},{{ end }}",
-        "Mixed=hello wORLD_foo-bar baz,bad=abc,instance=host.example.com:9100,ip=10.0.0.1:80,job=node,num=1234.5,path=/var/lib/x,pct=0.1234,ts=1234567890.123,v6=[::1]:9090,",
+        "Mixed=hello wORLD_foo-bar baz,bad=abc,instance=host.example.com:9100,ip=127.0.0.1:80,job=node,num=1234.5,path=/var/lib/x,pct=0.1234,ts=1234567890.123,v6=[::1]:9090,",
     ),
     (
         "{{ range $labels }}{{ . }};{{ end }}",
-        "hello wORLD_foo-bar baz;abc;host.example.com:9100;10.0.0.1:80;node;1234.5;/var/lib/x;0.1234;1234567890.123;[::1]:9090;",
+        "hello wORLD_foo-bar baz;abc;host.example.com:9100;127.0.0.1:80;node;1234.5;/var/lib/x;0.1234;1234567890.123;[::1]:9090;",
     ),
     ("{{ range $i, $e := $externalLabels }}x{{ else }}none{{ end }}", "xx"),
     (
@@ -672,7 +672,7 @@ FIXED: list[tuple[str, str]] = [  # rendered with value 1, LABELS, EXTERNAL_LABE
     ("{{ $value := 1 }}{{ $value }}", "1"),
     (
         "{{ index $labels }}",
-        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:10.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
+        "map[Mixed:hello wORLD_foo-bar baz bad:abc instance:host.example.com:9100 ip:127.0.0.1:80 job:node num:1234.5 path:/var/lib/x pct:0.1234 ts:1234567890.123 v6:[::1]:9090]",
     ),
     ('{{ (index $labels "job").x }}', "ERROR"),
     ('{{ if and (eq $labels.job "node") (gt (len $labels) 3) }}both{{ end }}', "both"),
