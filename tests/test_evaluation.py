@@ -258,3 +258,15 @@ def test_run_record_then_replay_shows_the_alert(tmp_path: Path, fault: FaultServ
     lines = out.stdout.splitlines()
     assert any(" pending " in f" {line} " and "Backlog{" in line for line in lines), out.stdout
     assert any(" firing " in f" {line} " and "Backlog{" in line for line in lines), out.stdout
+
+
+def test_reload_to_another_backend_closes_the_old_session(fault: FaultServer) -> None:
+    ev = RuleEvaluation(remote_config(fault.url), (), SampleStore(600))
+    old = ev.remote
+    assert old is not None
+    closed: list[bool] = []
+    old.session.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    ev.apply(remote_config(fault.url + "/prometheus"), ())
+    assert closed == [True] and ev.remote is not old
+    ev.apply(parse_config("rule_files: []\n", "/tmp/c.yml"), ())  # back to embedded
+    assert ev.remote is None
