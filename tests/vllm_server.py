@@ -46,12 +46,22 @@ class VllmServer:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}; log: {self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.warm_up(deadline)
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"vLLM not ready after {READY_TIMEOUT}s; log: {self.log_tail()}")
+
+    def warm_up(self, deadline: float) -> None:
+        """Run one completion before tests do: the engine's first step can take minutes on a cold, slow
+        machine, and until a step finishes vLLM publishes no queue gauges, so a test would see no queue."""
+        body = {"model": "tiny-llama", "prompt": "warm up", "max_tokens": 4, "temperature": 0}
+        timeout = max(deadline - time.monotonic(), 30.0)
+        resp = httpx.post(self.url + "/v1/completions", json=body, timeout=timeout)
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM warm-up completion failed: HTTP {resp.status_code}; log: {self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the whole process group (API server and engine core) and wait for it."""
