@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .actionconfig import ActionConfig, NotifierConfig, RouteConfig, parse_action, parse_notifier, parse_route
 from .durations import parse_duration, parse_size
 from .errors import ConfigError, Problem
 from .yamlnodes import Node, Problems, compose
@@ -61,6 +62,19 @@ class TargetConfig:
     health_probe: bool = True
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()  # process mode: the watchdog launches and supervises this vLLM
+    env: Mapping[str, str] = field(default_factory=dict)  # process mode: extra environment
+    unit: str | None = None  # systemd mode: restart only
+    gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
+
+    @property
+    def mode(self) -> str | None:
+        """How actions reach the server: "docker", "process", "systemd", or None (watch only)."""
+        if self.container:
+            return "docker"
+        if self.command:
+            return "process"
+        return "systemd" if self.unit else None
 
     @property
     def metrics_url(self) -> str:
@@ -105,6 +119,10 @@ class Config:
     rule_files: tuple[str, ...] = ()
     rule_backend: RemoteBackendConfig | None = None  # None: the embedded evaluator
     state_dir: str | None = None  # None: alert state does not survive a restart
+    routes: tuple[RouteConfig, ...] = ()
+    actions: Mapping[str, ActionConfig] = field(default_factory=dict)
+    notifiers: tuple[NotifierConfig, ...] = ()
+    dry_run: bool = False  # every action only logs what it would do
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -265,7 +283,7 @@ def _canary(node: Node) -> CanaryConfig:
 
 def _target(node: Node) -> TargetConfig | None:
     keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
-    m = node.mapping(keys | {"canary", "labels"})
+    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"})
     if m is None:
         return None
     for required in ("name", "url"):
@@ -292,6 +310,13 @@ def _target(node: Node) -> TargetConfig | None:
     canary = _canary(m["canary"]) if "canary" in m else d.canary
     probe = m["health_probe"].boolean() if "health_probe" in m else None
     container = m["container"].string() if "container" in m else None
+    command = tuple(m["command"].string_list() or []) if "command" in m else ()
+    unit = m["unit"].string() if "unit" in m else None
+    if sum(bool(x) for x in (container, command, unit)) > 1:
+        node.error("set at most one of container, command or unit (how actions reach this server)")
+    if "command" in m and not command:
+        m["command"].error("must list the program and its arguments")
+    gpus = [item.integer(minimum=0) for item in m["gpus"].items()] if "gpus" in m else []
     if name is None or url is None:
         return None
     return TargetConfig(
@@ -304,6 +329,10 @@ def _target(node: Node) -> TargetConfig | None:
         health_probe=d.health_probe if probe is None else probe,
         canary=canary,
         labels=labels or {},
+        command=command,
+        env=(m["env"].string_map() or {}) if "env" in m else {},
+        unit=unit,
+        gpus=tuple(g for g in gpus if g is not None),
     )
 
 
@@ -325,7 +354,34 @@ TOP_LEVEL_KEYS = {
     "rule_files",
     "rule_backend",
     "state_dir",
+    "routes",
+    "actions",
+    "notifiers",
+    "dry_run",
 }
+
+
+def _remediation(
+    top: dict[str, Node],
+) -> tuple[dict[str, ActionConfig], tuple[RouteConfig, ...], tuple[NotifierConfig, ...]]:
+    actions: dict[str, ActionConfig] = {}
+    declared: set[str] = set()
+    for name, node in (top["actions"].mapping() or {}).items() if "actions" in top else []:
+        declared.add(name)
+        action = parse_action(name, node)
+        if action is not None:
+            actions[name] = action
+    routes = (
+        [parse_route(item, actions, declared) for item in top["routes"].items()] if "routes" in top else []
+    )
+    notifiers: list[NotifierConfig] = []
+    for i, item in enumerate(top["notifiers"].items() if "notifiers" in top else []):
+        notifier = parse_notifier(item, i, _http_url)
+        if notifier is not None and any(n.name == notifier.name for n in notifiers):
+            item.error(f"duplicate notifier name {notifier.name!r}", field=f"{item.path}.name")
+        elif notifier is not None:
+            notifiers.append(notifier)
+    return actions, tuple(r for r in routes if r is not None), tuple(notifiers)
 
 
 def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
@@ -348,6 +404,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
             targets.append(target)
+    actions, routes, notifiers = _remediation(top)
     cfg = Config(
         source=source,
         global_=_global(top["global"]) if "global" in top else GlobalConfig(),
@@ -359,6 +416,10 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         rule_files=_rule_files(top["rule_files"], base) if "rule_files" in top else (),
         rule_backend=_rule_backend(top["rule_backend"]) if "rule_backend" in top else None,
         state_dir=_state_dir(top["state_dir"], base) if "state_dir" in top else None,
+        routes=routes,
+        actions=actions,
+        notifiers=notifiers,
+        dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
     )
     if problems.items:
         raise ConfigError(problems.items, rule_files=cfg.rule_files)

@@ -7,8 +7,12 @@ WatchdogError
 ├── SourceError          a non-scrape source (NVML, health probe) failed
 ├── PromQLError          an expression cannot be parsed or uses an unsupported construct (has a position);
 │                        raised at load time (promql/compile.py), so rule files fail `check`, not at 3 a.m.
-└── QueryError           evaluating a valid expression failed (many-to-many matching, duplicate label
-                         sets, a remote backend down); the rule is marked unhealthy and its state kept
+├── QueryError           evaluating a valid expression failed (many-to-many matching, duplicate label
+│                        sets, a remote backend down); the rule is marked unhealthy and its state kept
+└── ActionError          an action could not be carried out (Docker API error, process would not start,
+    │                    systemctl failed, not ready in time); recorded as a failed action, rails back off
+    └── RefusedError     the action would touch something the config does not name (another container,
+                         an unknown unit); refused and logged, nothing touched
 
 PromQLError and QueryError live in vllm_watchdog.promql.values next to the values they describe.
 TemplateError (a ValueError, in vllm_watchdog.templates) is turned into a ConfigError at load time.
@@ -64,3 +68,11 @@ class SampleLimitError(ScrapeError):
 
 class SourceError(WatchdogError):
     """A non-scrape source (NVML, a probe) failed."""
+
+
+class ActionError(WatchdogError):
+    """An action could not be carried out; the message says which step and why."""
+
+
+class RefusedError(ActionError):
+    """The action would touch a container, process or unit that the config does not name."""

@@ -1,0 +1,318 @@
+"""The remediation part of the config: routes, actions and notifiers, parsed into frozen dataclasses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .durations import parse_duration
+from .promql.labelfuncs import compile_go_regex
+from .yamlnodes import Node
+
+ACTION_TYPES = ("restart", "disable_draft", "enable_draft", "reconfigure", "gpu_power_limit")
+DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure"})  # they stop the server
+NOTIFIER_TYPES = ("alertmanager", "webhook")
+DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$')
+_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
+_ACTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher: `=`, `!=`, `=~` or `!~` (regexes are Go RE2, anchored, as in Alertmanager)."""
+
+    name: str
+    op: str
+    value: str
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether the labels satisfy this matcher (a missing label is the empty string)."""
+        got = labels.get(self.name, "")
+        if self.op == "=":
+            return got == self.value
+        if self.op == "!=":
+            return got != self.value
+        hit = compile_go_regex(self.value).match(got) is not None
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value!r}"
+
+
+def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> bool:
+    """Whether every matcher holds (no matchers: everything matches)."""
+    return all(m.matches(labels) for m in matchers)
+
+
+def parse_matcher(text: str) -> Matcher:
+    """Parse `name=value`, `name!="v"`, `name=~"re"` or `name!~re`; ValueError if malformed."""
+    m = _MATCHER.match(text)
+    if m is None:
+        raise ValueError(
+            f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"'
+        )
+    name, op = m.group(1), m.group(2)
+    value = m.group(3) if m.group(3) is not None else m.group(4)
+    if m.group(3) is not None:
+        value = re.sub(r"\\(.)", r"\1", value)
+    if op in ("=~", "!~"):
+        compile_go_regex(value)  # raises ValueError naming the regex
+    return Matcher(name, op, value)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most `count` actions of one name per target within `window` seconds."""
+
+    count: int
+    window: float
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """One named action. Durations are seconds; `dry_run` None inherits the global setting."""
+
+    name: str
+    type: str
+    dry_run: bool | None = None
+    cooldown: float = 900.0
+    max_per_window: Budget | None = None
+    drain_timeout: float = 60.0
+    stop_timeout: float = 90.0
+    ready_timeout: float = 900.0
+    startup_grace: float = 120.0  # no action while the target's server is younger than this
+    backoff_initial: float = 60.0  # after a failed action; doubles per consecutive failure
+    backoff_max: float = 3600.0
+    crash_loop_window: float = 600.0  # the same action needed again this soon after a success: a crash loop
+    crash_loop_max: int = 3  # consecutive crash loops before the action stops and alerts
+    set_args: Mapping[str, str | None] = field(
+        default_factory=dict
+    )  # reconfigure: flag -> value (None: bare)
+    remove_args: tuple[str, ...] = ()  # reconfigure: flags to drop
+    restore_after: float | None = None  # reconfigure/power: restore once resolved this long; None: never
+    power_limit_watts: float | None = None  # gpu_power_limit: absolute
+    power_limit_ratio: float | None = None  # gpu_power_limit: fraction of the card's default limit
+    line: int = 0
+
+    @property
+    def disruptive(self) -> bool:
+        """Whether the action stops the server (one at a time per target)."""
+        return self.type in DISRUPTIVE
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """Alerts whose labels satisfy every matcher run `actions`; `continue_` goes on to later routes."""
+
+    matchers: tuple[Matcher, ...]
+    actions: tuple[str, ...]
+    continue_: bool = False
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class NotifierConfig:
+    """Where alerts (and, for webhooks, action events) are delivered."""
+
+    name: str
+    type: str
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    matchers: tuple[Matcher, ...] = ()
+    timeout: float = 10.0
+    send_resolved: bool = True
+    max_queue: int = 10_000
+    backoff_initial: float = 1.0
+    backoff_max: float = 300.0
+
+
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "restart": {"cooldown": 900.0, "max_per_window": Budget(3, 6 * 3600.0)},
+    "disable_draft": {"cooldown": 3600.0, "remove_args": DRAFT_FLAGS},
+    "enable_draft": {"cooldown": 0.0},
+    "reconfigure": {"cooldown": 900.0},
+    "gpu_power_limit": {"cooldown": 300.0},
+}
+_DURATIONS = (
+    "cooldown",
+    "drain_timeout",
+    "stop_timeout",
+    "ready_timeout",
+    "startup_grace",
+    "backoff_initial",
+    "backoff_max",
+    "crash_loop_window",
+)
+
+
+def parse_matchers(m: Mapping[str, Node]) -> tuple[Matcher, ...]:
+    """`match` (equality), `match_re` (regex) and `matchers` (strings), as Alertmanager routes have them."""
+    out: list[Matcher] = []
+    for key, op in (("match", "="), ("match_re", "=~")):
+        if key in m:
+            for name, value in (m[key].string_map() or {}).items():
+                try:
+                    out.append(parse_matcher(f"{name}{op}{_quote(value)}"))
+                except ValueError as exc:
+                    m[key].error(str(exc), field=f"{m[key].path}.{name}")
+    if "matchers" in m:
+        for item in m["matchers"].items():
+            text = item.string()
+            if text is not None:
+                matcher = item.parsed(parse_matcher)
+                if matcher is not None:
+                    out.append(matcher)
+    return tuple(out)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _flag(node: Node, text: str) -> str | None:
+    if not _FLAG.match(text):
+        node.error(f"must be a long vLLM flag such as --max-num-seqs, got {text!r}")
+        return None
+    return text
+
+
+def parse_action(name: str, node: Node) -> ActionConfig | None:
+    """One entry of `actions:`."""
+    keys = {"type", "dry_run", "max_per_window", "set", "remove", "restore_after", "watts", "ratio"}
+    keys |= {"crash_loop_max", *_DURATIONS}
+    m = node.mapping(keys)
+    if m is None:
+        return None
+    if not _ACTION_NAME.match(name):
+        node.error("action names must be letters, digits, '_', '.' or '-'")
+    kind = m["type"].string() if "type" in m else None
+    if kind is None:
+        if "type" not in m:
+            node.error("is required", field=f"{node.path}.type")
+        return None
+    if kind not in ACTION_TYPES:
+        m["type"].error(f"unknown action type {kind!r} (known: {', '.join(ACTION_TYPES)})")
+        return None
+    values: dict[str, object] = dict(_DEFAULTS[kind])
+    for key in _DURATIONS:
+        if key in m:
+            parsed = m[key].parsed(parse_duration)
+            if parsed is not None:
+                values[key] = parsed
+    if "dry_run" in m:
+        values["dry_run"] = m["dry_run"].boolean()
+    if "crash_loop_max" in m:
+        values["crash_loop_max"] = m["crash_loop_max"].integer(minimum=1) or 3
+    if "max_per_window" in m:
+        values["max_per_window"] = _budget(m["max_per_window"])
+    if "restore_after" in m:
+        values["restore_after"] = m["restore_after"].parsed(parse_duration)
+    _type_specific(kind, m, node, values)
+    return ActionConfig(name=name, type=kind, line=node.line, **values)  # type: ignore[arg-type]
+
+
+def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[str, object]) -> None:
+    only = {
+        "set": "reconfigure",
+        "remove": "reconfigure",
+        "watts": "gpu_power_limit",
+        "ratio": "gpu_power_limit",
+    }
+    for key, owner in only.items():
+        if key in m and kind != owner:
+            m[key].error(f"only applies to type {owner}")
+    if kind == "reconfigure":
+        sets: dict[str, str | None] = {}
+        if "set" in m:
+            for flag, child in (m["set"].mapping() or {}).items():
+                if _flag(child, flag) is not None:
+                    sets[flag] = None if child.is_null() else child.scalar()
+        removes = (
+            tuple(f for f in (m["remove"].string_list() or []) if _flag(m["remove"], f))
+            if "remove" in m
+            else ()
+        )
+        if not sets and not removes:
+            node.error("a reconfigure action needs `set` or `remove`")
+        values["set_args"], values["remove_args"] = sets, removes
+    if kind == "gpu_power_limit":
+        watts = m["watts"].number() if "watts" in m else None
+        ratio = m["ratio"].number() if "ratio" in m else None
+        if (watts is None) == (ratio is None):
+            node.error("set exactly one of `watts` or `ratio`")
+        if watts is not None and watts <= 0:
+            m["watts"].error("must be greater than 0")
+        if ratio is not None and not 0 < ratio <= 1:
+            m["ratio"].error("must be in (0, 1]")
+        values["power_limit_watts"], values["power_limit_ratio"] = watts, ratio
+
+
+def _budget(node: Node) -> Budget | None:
+    if node.is_null():
+        return None
+    m = node.mapping({"count", "window"})
+    if m is None:
+        return None
+    count = m["count"].integer(minimum=1) if "count" in m else None
+    window = m["window"].parsed(parse_duration) if "window" in m else None
+    if count is None or not window:
+        if "count" not in m or "window" not in m:
+            node.error("needs both `count` and `window`, e.g. {count: 3, window: 6h}")
+        return None
+    return Budget(count, window)
+
+
+def parse_route(node: Node, actions: Mapping[str, ActionConfig], declared: set[str]) -> RouteConfig | None:
+    """One entry of `routes:`; every action it names must be declared under `actions:`."""
+    m = node.mapping({"match", "match_re", "matchers", "actions", "continue"})
+    if m is None:
+        return None
+    names = tuple(m["actions"].string_list() or []) if "actions" in m else ()
+    if "actions" not in m:
+        node.error("is required", field=f"{node.path}.actions")
+    for name in names:
+        if name not in declared:
+            m["actions"].error(f"unknown action {name!r} (declared: {', '.join(sorted(declared)) or 'none'})")
+    cont = m["continue"].boolean() if "continue" in m else None
+    return RouteConfig(
+        matchers=parse_matchers(m),
+        actions=tuple(n for n in names if n in actions),
+        continue_=bool(cont),
+        line=node.line,
+    )
+
+
+def parse_notifier(node: Node, index: int, http_url: object) -> NotifierConfig | None:
+    """One entry of `notifiers:`."""
+    keys = {"type", "name", "url", "headers", "match", "match_re", "matchers", "timeout", "send_resolved"}
+    m = node.mapping(keys | {"max_queue", "backoff_initial", "backoff_max"})
+    if m is None:
+        return None
+    kind = m["type"].string() if "type" in m else None
+    for required in ("type", "url"):
+        if required not in m:
+            node.error("is required", field=f"{node.path}.{required}")
+    if kind is not None and kind not in NOTIFIER_TYPES:
+        m["type"].error(f"unknown notifier type {kind!r} (known: {', '.join(NOTIFIER_TYPES)})")
+        kind = None
+    url = m["url"].parsed(http_url) if "url" in m else None  # type: ignore[arg-type]
+    d = NotifierConfig(name="-", type="-", url="-")
+    durations = {}
+    for key in ("timeout", "backoff_initial", "backoff_max"):
+        durations[key] = (m[key].parsed(parse_duration) if key in m else None) or getattr(d, key)
+    resolved = m["send_resolved"].boolean() if "send_resolved" in m else None
+    queue = m["max_queue"].integer(minimum=1) if "max_queue" in m else None
+    if kind is None or not isinstance(url, str):
+        return None
+    return NotifierConfig(
+        name=(m["name"].string() if "name" in m else None) or f"{kind}-{index}",
+        type=kind,
+        url=url,
+        headers=(m["headers"].string_map() or {}) if "headers" in m else {},
+        matchers=parse_matchers(m),
+        send_resolved=d.send_resolved if resolved is None else resolved,
+        max_queue=queue or d.max_queue,
+        **durations,
+    )

@@ -1,0 +1,1 @@
+"""Notifiers: Alertmanager API v2 and webhooks, fed from a bounded, persisted delivery queue."""

@@ -1,0 +1,62 @@
+"""Routes: which actions an alert triggers, and on which configured target."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .actionconfig import RouteConfig, matches_all
+from .config import TargetConfig
+
+TARGET_LABELS = ("target", "instance")  # where an alert names its server, in this order
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One action an alert asks for."""
+
+    action: str
+    route_line: int
+
+
+def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[Routed]:
+    """Walk the routes top to bottom, as Alertmanager does: the first match stops unless it says `continue`.
+
+    An action named by several matching routes is returned once, at its first route.
+    """
+    out: list[Routed] = []
+    seen: set[str] = set()
+    for r in routes:
+        if not matches_all(r.matchers, labels):
+            continue
+        for name in r.actions:
+            if name not in seen:
+                seen.add(name)
+                out.append(Routed(name, r.line))
+        if not r.continue_:
+            break
+    return out
+
+
+def _hostport(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+def target_of(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> TargetConfig | None:
+    """The configured target an alert is about.
+
+    `target` or `instance` may hold the target's name (what the embedded evaluator writes) or its host:port
+    (what a central Prometheus scraping the server writes). With one target and no such label, it is that one.
+    """
+    for key in TARGET_LABELS:
+        value = labels.get(key)
+        if not value:
+            continue
+        for t in targets:
+            if value in (t.name, _hostport(t.url)):
+                return t
+        return None  # names a server we do not manage: never guess
+    return targets[0] if len(targets) == 1 else None
