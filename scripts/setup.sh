@@ -8,6 +8,8 @@ cd "$ROOT"
 
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v dockerd >/dev/null || missing+=(docker.io)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: apt-get install ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
