@@ -1,0 +1,225 @@
+"""The safety rails: whether an action may run now, decided from the action state database, the action's
+config and `now` alone (no clock is read here, so tests replay hours of events in milliseconds).
+
+Rails are checked in this order and the first that blocks gives the verdict:
+
+- paused: an operator paused every action;
+- silenced: an active silence matches the alert's labels plus `action` and `target`;
+- startup_grace: the target's server started less than `startup_grace` ago;
+- backoff: after n consecutive failed or rolled-back runs, the next waits `backoff_initial * 2**(n-1)`
+  (at most `backoff_max`) after the last failure ended;
+- cooldown: the last finished run started less than `cooldown` ago;
+- budget: `max_per_window.count` runs started within the sliding `max_per_window.window`;
+- crash_loop: the action succeeded and was needed again within `crash_loop_window` of finishing,
+  `crash_loop_max` times in a row; it stays refused until an operator resumes (`set_paused(False, ...)`);
+- busy: this action, or for a disruptive one any disruptive action, is running on the target.
+
+A "run" is a real (not dry-run) row that started: running, succeeded, failed or rolled_back. Dry-run rows and
+rows that never ran (skipped, would_do, refused) count towards no rail, so a dry run never uses up budget or
+cooldown. Rows that did not run still mark when the action was needed: "needed again" after a success is the
+earliest need among the later non-dry-run rows of that action and target (a row's need is its `needed_at`,
+the trigger's start, if the caller gave one, else when it was written), or this request's own need, counting
+only needs at or after the success finished. So an alert that kept firing from before the fix is no new need
+when callers pass `needed_at` (the alert's startsAt); without it every later request is one. Manual triggers
+obey every rail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..actionconfig import DISRUPTIVE, ActionConfig
+from ..durations import format_duration
+from .state import ActionRecord, ActionStore
+
+RAILS = ("paused", "silenced", "startup_grace", "backoff", "cooldown", "budget", "crash_loop", "busy")
+RAN = ("running", "succeeded", "failed", "rolled_back")  # outcomes of rows that started for real
+ENDED = ("succeeded", "failed", "rolled_back")
+FAILED = ("failed", "rolled_back")
+MAX_BACKOFF_STEPS = 64  # more consecutive failures than this cannot lengthen a capped backoff
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an action may run now; if not, which rail blocks it, why, and when it may (None: unknown)."""
+
+    allowed: bool
+    reason: str
+    rail: str = ""  # "" or one of RAILS
+    retry_at: float | None = None
+
+
+ALLOWED = Verdict(True, "no rail blocks the action")
+
+
+def _ago(now: float, then: float) -> str:
+    return format_duration(max(0.0, now - then))
+
+
+@dataclass(frozen=True)
+class _Ask:
+    action: ActionConfig
+    target: str
+    labels: Mapping[str, str]
+    now: float
+    started: float | None  # when the target's server started
+    needed_at: float | None  # when the trigger began
+
+
+class Rails:
+    """Decides whether an action may run, from what the store remembers."""
+
+    def __init__(self, store: ActionStore) -> None:
+        self.store = store
+
+    def check(
+        self,
+        action: ActionConfig,
+        target: str,
+        labels: Mapping[str, str],
+        now: float,
+        *,
+        server_started_at: float | None,
+        manual: bool = False,  # only labels the trigger: manual actions obey every rail
+        needed_at: float | None = None,
+    ) -> Verdict:
+        """The verdict of the first rail that blocks `action` on `target` now, or ALLOWED. `needed_at` is
+        when the trigger began (the alert's startsAt; None: now), as given to the store's begin/record."""
+        ask = _Ask(action, target, labels, now, server_started_at, needed_at)
+        for rail in (
+            self._paused,
+            self._silenced,
+            self._startup_grace,
+            self._backoff,
+            self._cooldown,
+            self._budget,
+            self._crash_loop,
+            self._busy,
+        ):
+            verdict = rail(ask)
+            if verdict is not None:
+                return verdict
+        return ALLOWED
+
+    def budget_left(self, action: ActionConfig, target: str, now: float) -> int | None:
+        """How many more runs the budget allows now; None if the action has no budget."""
+        if action.max_per_window is None:
+            return None
+        used = len(self._runs_in_window(action, target, now))
+        return max(0, action.max_per_window.count - used)
+
+    def _runs(self, ask: _Ask, limit: int | None, outcomes: Sequence[str]) -> list[ActionRecord]:
+        name = ask.action.name
+        return self.store.history(limit, ask.target, name, dry_run=False, outcomes=outcomes, steps=False)
+
+    def _runs_in_window(self, action: ActionConfig, target: str, now: float) -> list[ActionRecord]:
+        after = now - (action.max_per_window.window if action.max_per_window else 0.0)
+        return self.store.history(
+            None, target, action.name, dry_run=False, outcomes=RAN, started_after=after, steps=False
+        )
+
+    def _paused(self, ask: _Ask) -> Verdict | None:
+        paused, reason, since = self.store.paused()
+        if not paused:
+            return None
+        ago = f" {_ago(ask.now, since)} ago" if since is not None else ""
+        return Verdict(False, f"actions were paused{ago}: {reason or 'no reason given'}", "paused")
+
+    def _silenced(self, ask: _Ask) -> Verdict | None:
+        subject = {**ask.labels, "action": ask.action.name, "target": ask.target}
+        hits = [s for s in self.store.silences(ask.now) if s.matches(subject)]
+        if not hits:
+            return None
+        until = max(s.ends_at for s in hits)
+        ids = ", ".join(s.id for s in hits)
+        return Verdict(False, f"silenced by {ids} for another {_ago(until, ask.now)}", "silenced", until)
+
+    def _startup_grace(self, ask: _Ask) -> Verdict | None:
+        grace = ask.action.startup_grace
+        if ask.started is None or ask.now - ask.started >= grace:
+            return None
+        why = f"the server started {_ago(ask.now, ask.started)} ago, within its startup grace of "
+        return Verdict(False, why + format_duration(grace), "startup_grace", ask.started + grace)
+
+    def _backoff(self, ask: _Ask) -> Verdict | None:
+        failures = 0
+        last: ActionRecord | None = None
+        for run in self._runs(ask, MAX_BACKOFF_STEPS, ENDED):
+            if run.outcome not in FAILED:
+                break
+            failures += 1
+            last = last or run
+        if last is None or ask.action.backoff_initial <= 0:
+            return None
+        delay = min(ask.action.backoff_initial * 2.0 ** (failures - 1), ask.action.backoff_max)
+        ended = last.finished_at if last.finished_at is not None else last.started_at
+        if ask.now >= ended + delay:
+            return None
+        runs = f"{failures} failed run{'s' if failures > 1 else ''} in a row"
+        why = f"backoff: {runs}, the last ended {_ago(ask.now, ended)} ago; waiting {format_duration(delay)}"
+        return Verdict(False, why, "backoff", ended + delay)
+
+    def _cooldown(self, ask: _Ask) -> Verdict | None:
+        last = self._runs(ask, 1, ENDED) if ask.action.cooldown > 0 else []
+        if not last or ask.now - last[0].started_at >= ask.action.cooldown:
+            return None
+        why = (
+            f"in cooldown: the last run ({last[0].outcome}) started {_ago(ask.now, last[0].started_at)} ago; "
+            f"cooldown {format_duration(ask.action.cooldown)}"
+        )
+        return Verdict(False, why, "cooldown", last[0].started_at + ask.action.cooldown)
+
+    def _budget(self, ask: _Ask) -> Verdict | None:
+        budget = ask.action.max_per_window
+        if budget is None:
+            return None
+        runs = self._runs_in_window(ask.action, ask.target, ask.now)
+        if len(runs) < budget.count:
+            return None
+        # a run is free again when the count-th newest start leaves the window
+        until = runs[budget.count - 1].started_at + budget.window
+        window = format_duration(budget.window)
+        why = f"budget used up: {len(runs)} runs in the last {window} (at most {budget.count})"
+        return Verdict(False, why, "budget", until)
+
+    def _crash_loop(self, ask: _Ask) -> Verdict | None:
+        action = ask.action
+        runs = self._runs(ask, action.crash_loop_max, RAN)
+        if not runs or runs[0].outcome != "succeeded":
+            return None
+        paused, _, since = self.store.paused()
+        resumed = since if since is not None and not paused else None
+        rows = self.store.history(
+            None, ask.target, action.name, dry_run=False, after_id=runs[-1].id, steps=False
+        )
+        current = ask.now if ask.needed_at is None else ask.needed_at
+        loops = 0
+        for run in runs:  # newest first
+            if run.outcome != "succeeded" or run.finished_at is None:
+                break
+            if resumed is not None and run.started_at < resumed:
+                break  # an operator resumed since: the loop was dealt with
+            done = run.finished_at
+            needs = [r.need_time for r in rows if r.id > run.id and r.need_time >= done]
+            need = min(needs) if needs else (current if current >= done else None)
+            if need is None or need - done >= action.crash_loop_window:
+                break
+            loops += 1
+        if loops < action.crash_loop_max:
+            return None
+        why = (
+            f"crash loop: needed again within {format_duration(action.crash_loop_window)} of each of its "
+            f"last {loops} successful runs; resume actions once the cause is fixed"
+        )
+        return Verdict(False, why, "crash_loop")
+
+    def _busy(self, ask: _Ask) -> Verdict | None:
+        for run in self.store.unfinished():
+            if run.target != ask.target or run.dry_run:
+                continue
+            if run.action == ask.action.name or (ask.action.disruptive and run.type in DISRUPTIVE):
+                ago = _ago(ask.now, run.started_at)
+                why = f"{run.action} (id {run.id}) is running on {ask.target}, started {ago} ago"
+                return Verdict(False, why, "busy")
+        return None
