@@ -46,6 +46,7 @@ class FakeGpu:
     enforced_limit_mw: int = 700_000
     min_limit_mw: int = 200_000
     max_limit_mw: int = 700_000
+    default_limit_mw: int = 700_000
     util_gpu: int = 0
     util_memory: int = 0
     sm_clock_mhz: int = 1980
@@ -223,6 +224,10 @@ class FakeNvml:
         """[min, max] settable power limit, mW (a list, as pynvml returns it)."""
         gpu = self._gpu("nvmlDeviceGetPowerManagementLimitConstraints", handle)
         return [gpu.min_limit_mw, gpu.max_limit_mw]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        """The power limit the GPU boots with, mW."""
+        return self._gpu("nvmlDeviceGetPowerManagementDefaultLimit", handle).default_limit_mw
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: FakeHandle, limit: int) -> None:
         """Set the power limit, mW; InvalidArgument outside the constraints."""

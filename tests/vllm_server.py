@@ -61,7 +61,9 @@ class VllmServer:
         timeout = max(deadline - time.monotonic(), 30.0)
         resp = httpx.post(self.url + "/v1/completions", json=body, timeout=timeout)
         if resp.status_code != 200:
-            raise RuntimeError(f"vLLM warm-up completion failed: HTTP {resp.status_code}; log: {self.log_tail()}")
+            raise RuntimeError(
+                f"vLLM warm-up completion failed: HTTP {resp.status_code}; log: {self.log_tail()}"
+            )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the whole process group (API server and engine core) and wait for it."""
