@@ -70,11 +70,15 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
             started = time.time()
             flood = [asyncio.create_task(_complete(client, vllm_server.url)) for _ in range(FLOOD)]
             try:
-                alerts = await wait_for(client, base + "/api/v1/alerts", lambda j: firing(j, "QueueBacklog"), 120)
+                alerts = await wait_for(
+                    client, base + "/api/v1/alerts", lambda j: firing(j, "QueueBacklog"), 120
+                )
             except AssertionError:
                 targets = (await client.get(base + "/api/v1/targets")).json()
                 waiting = (await client.get(base + "/api/v1/series?match=vllm:num_requests_waiting")).json()
-                raise AssertionError(f"no alert; targets: {targets}; waiting: {waiting}; {vllm_server.log_tail()}")
+                raise AssertionError(
+                    f"no alert; targets: {targets}; waiting: {waiting}; {vllm_server.log_tail()}"
+                ) from None
             (alert,) = firing(alerts, "QueueBacklog")
             assert alert["labels"]["instance"] == "vllm-0" and alert["labels"]["severity"] == "warning"
             assert alert["annotations"]["summary"].startswith("vllm-0 has ")

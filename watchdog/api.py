@@ -13,9 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .controlapi import control_routes
 from .evaluation import RuleEvaluation
 from .monitor import Monitor
 from .promql.selectors import parse_selector
+from .remediation import Remediator
 from .store import is_stale
 
 MAX_SERIES = 10_000
@@ -54,6 +56,8 @@ def build_app(
     get_token: Callable[[], str | None],
     reload: Callable[[], Awaitable[tuple[bool, list[str]]]],
     is_healthy: Callable[[], bool],
+    get_remediator: Callable[[], Remediator],
+    clock: Callable[[], float],
 ) -> Starlette:
     """The Starlette app; callables read live state so that reloads take effect at once."""
 
@@ -144,5 +148,6 @@ def build_app(
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
+            *control_routes(get_remediator, lambda request: check_bearer(request, get_token()), clock),
         ]
     )

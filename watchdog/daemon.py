@@ -28,6 +28,8 @@ from apscheduler.events import (
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
+from .actionmetrics import ActionCollector
+from .actionplane import ActionPlane
 from .api import build_app
 from .config import Config, load_config
 from .errors import ConfigError
@@ -87,6 +89,8 @@ class Daemon:
         record: str | None = None,
         record_max_bytes: int = 64 << 20,
         record_keep: int = 8,
+        docker_client: Callable[[], Any] | None = None,
+        systemctl: tuple[str, ...] = ("systemctl",),
     ) -> None:
         self.config_path = config_path
         self.env = dict(os.environ if env is None else env)
@@ -100,6 +104,9 @@ class Daemon:
         self.scheduler: AsyncIOScheduler | None = None
         self.monitor: Monitor | None = None
         self.evaluation: RuleEvaluation | None = None
+        self.actions: ActionPlane | None = None
+        self.docker_client = docker_client
+        self.systemctl = systemctl
         self.record = (record, record_max_bytes, record_keep)
         self.scrapelog: ScrapeLog | None = None
         self.stop_event: asyncio.Event | None = None
@@ -161,6 +168,9 @@ class Daemon:
             ev = self.evaluation
             for key in ev.group_keys():
                 add(f"eval:{key[0]};{key[1]}", functools.partial(ev.evaluate, key), ev.interval(key))
+        if self.actions is not None:
+            add("notify", self.actions.deliver, 1.0)
+            add("actions", self.actions.tick, 1.0)
         if mon.dcgm is not None:
             add("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval)
         if mon.gpu is not None:
@@ -218,6 +228,8 @@ class Daemon:
         assert self.evaluation is not None
         self.evaluation.apply(config, rules)
         self._attach_gpu(config)
+        assert self.actions is not None
+        self.actions.apply(config)
         self._schedule(config)
         await self.monitor.close_retired()
         self.counters.reloads_ok += 1
@@ -264,8 +276,20 @@ class Daemon:
             ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
         )
         self._attach_gpu(config)
+        kwargs = {} if self.docker_client is None else {"docker_client": self.docker_client}
+        self.actions = ActionPlane(
+            config,
+            lambda: self._evaluation().engine,
+            self._new_client,
+            nvml=self._nvml_module(),
+            systemctl=self.systemctl,
+            clock=self.clock,
+            **kwargs,
+        )
+        self.evaluation.on_alerts = self.actions.on_alerts
         registry = CollectorRegistry(auto_describe=False)
         registry.register(WatchdogCollector(self.monitor, self.counters, self.evaluation))
+        registry.register(ActionCollector(self._actions))
         app = build_app(
             self._monitor,
             self._evaluation,
@@ -273,6 +297,8 @@ class Daemon:
             lambda: self._monitor().config.api_token,
             self.reload,
             self.healthy,
+            lambda: self._actions().remediator,
+            self.clock,
         )
         server = _EmbeddedServer(
             uvicorn.Config(
@@ -295,6 +321,7 @@ class Daemon:
                 server_task.result()
                 raise OSError("API server exited during start-up")
             await asyncio.sleep(0.01)
+        await self.actions.start()
         self.scheduler.start()
         self._install_signals(loop)
         self.notifier.ready()
@@ -315,6 +342,7 @@ class Daemon:
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
         await _cancel(self._running, SHUTDOWN_GRACE)
+        await self.actions.aclose()
         if self.monitor.gpu is not None:
             self.monitor.gpu.close()
         await self.monitor.aclose()
@@ -331,6 +359,20 @@ class Daemon:
     def _monitor(self) -> Monitor:
         assert self.monitor is not None
         return self.monitor
+
+    def _actions(self) -> ActionPlane:
+        assert self.actions is not None
+        return self.actions
+
+    def _nvml_module(self) -> Any | None:
+        """The NVML module for gpu_power_limit: the injected one (tests), else pynvml if installed."""
+        if self.nvml is not None:
+            return self.nvml
+        try:
+            import pynvml  # noqa: PLC0415 - lazy: the package works without a GPU stack
+        except ImportError:
+            return None
+        return pynvml
 
     def _evaluation(self) -> RuleEvaluation:
         assert self.evaluation is not None

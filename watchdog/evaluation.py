@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .alerting import OutgoingAlert
 from .config import Config
 from .promql.engine import Engine, vector_query
 from .promql.remote import PrometheusBackend, backend_for
@@ -45,8 +46,10 @@ class RuleEvaluation:
         *,
         monotonic: Callable[[], float] = time.perf_counter,
         ready: Callable[[], bool] = lambda: True,
+        on_alerts: Callable[[list[OutgoingAlert], float], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_alerts = on_alerts  # alerts to send (firing, re-sent, resolved): notifiers and routes
         self.ready = ready
         self.started = False
         self.monotonic = monotonic
@@ -106,6 +109,8 @@ class RuleEvaluation:
         else:
             answers = await self._prefetch(key, now)
             self.manager.evaluate_group(key, now, query=_answering(answers))
+        if self.on_alerts is not None:
+            self.on_alerts(self.manager.alerts_to_send(now), now)
         name = _key_name(key)
         self.stats.evaluations[name] = self.stats.evaluations.get(name, 0) + 1
         self.stats.last_duration[name] = self.monotonic() - start

@@ -1,0 +1,314 @@
+"""The remediator's orchestration with injected time: routes, rails, dry run, merging, rollback, reconcile.
+
+The runtime here is a scripted double that records calls: real runtimes (Docker, processes) are tested in
+their own files and end to end in test_remediation_e2e.py. What this file checks is the decision logic,
+which must hold over hours of simulated alerts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from vllm_watchdog.actions.runtime import Launch
+from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.alerting import OutgoingAlert
+from vllm_watchdog.config import Config, TargetConfig, parse_config
+from vllm_watchdog.errors import ActionError
+from vllm_watchdog.remediation import Remediator
+
+pytestmark = pytest.mark.anyio
+SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
+ARGS = (
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/m",
+    "--speculative-config",
+    SPEC,
+    "--max-num-seqs",
+    "4",
+)
+CONFIG = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]
+routes:
+  - {match: {alertname: Hung}, actions: [restart]}
+  - {match: {alertname: SpecBad}, actions: [draft_off]}
+  - {match: {alertname: Hot}, actions: [smaller]}
+actions:
+  restart: {type: restart, cooldown: 15m, startup_grace: 0s, max_per_window: {count: 3, window: 6h}}
+  draft_off: {type: disable_draft, startup_grace: 0s}
+  draft_on: {type: enable_draft, startup_grace: 0s}
+  smaller: {type: reconfigure, set: {--max-num-seqs: "1"}, restore_after: 10m, startup_grace: 0s, cooldown: 0s}
+"""
+
+
+class Clock:
+    """Injected wall clock."""
+
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ScriptedRuntime:
+    """Records every call; `ready_after_replace` False makes the replacement fail its ready check."""
+
+    kind = "docker"
+
+    def __init__(self, args: tuple[str, ...] = ARGS) -> None:
+        self.target = "vllm-0"
+        self.current = Launch("docker", args, {"image": "vllm:test"})
+        self.previous: Launch | None = None
+        self.calls: list[str] = []
+        self.running = True
+        self.fail_stop = False
+
+    async def launch(self) -> Launch:
+        return self.current
+
+    async def is_running(self) -> bool:
+        return self.running
+
+    async def started_at(self) -> float | None:
+        return 0.0
+
+    async def stop(self, timeout: float) -> None:
+        self.calls.append("stop")
+        if self.fail_stop:
+            raise ActionError("docker: stop failed: 500 Server Error")
+        self.running = False
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        self.running = True
+
+    async def replace(self, launch: Launch, stop_timeout: float) -> None:
+        self.calls.append("replace")
+        self.previous, self.current = self.current, launch
+
+    async def has_previous(self) -> bool:
+        return self.previous is not None
+
+    async def commit(self) -> None:
+        self.calls.append("commit")
+        self.previous = None
+
+    async def rollback(self, stop_timeout: float) -> None:
+        self.calls.append("rollback")
+        assert self.previous is not None
+        self.current, self.previous = self.previous, None
+
+    async def close(self) -> None:
+        pass
+
+
+class Ready:
+    """Ready unless the current launch is in `broken` (by its args)."""
+
+    def __init__(self, runtime: ScriptedRuntime) -> None:
+        self.runtime = runtime
+        self.broken: set[tuple[str, ...]] = set()
+
+    async def wait(self, target: TargetConfig, timeout: float) -> tuple[bool, str]:
+        if self.runtime.current.args in self.broken:
+            return False, f"not ready within {timeout:g}s (/health: connection refused)"
+        return True, ""
+
+
+class Hub:
+    """Collects what would be notified."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutgoingAlert] = []
+        self.events: list[Any] = []
+
+    def alerts(self, alerts: list[OutgoingAlert], now: float) -> None:
+        self.sent.extend(alerts)
+
+    def event(self, event: Any, now: float) -> None:
+        self.events.append(event)
+
+
+def alert(name: str, state: str = "firing", **labels: str) -> OutgoingAlert:
+    return OutgoingAlert({"alertname": name, "instance": "vllm-0", **labels}, {}, state, 0.0, 0.0, 1.0)
+
+
+def make(
+    text: str = CONFIG, env: Mapping[str, str] | None = None
+) -> tuple[Remediator, ScriptedRuntime, Ready, Hub, Clock]:
+    cfg: Config = parse_config(text, "c.yml", env=env or {})
+    runtime = ScriptedRuntime()
+    ready, hub, clock = Ready(runtime), Hub(), Clock()
+
+    async def no_sleep(_: float) -> None:
+        await asyncio.sleep(0)
+
+    r = Remediator(cfg, ActionStore(None), {"vllm-0": runtime}, ready, hub=hub, clock=clock, sleep=no_sleep)  # type: ignore[arg-type]
+    r.reconciled.set()
+    return r, runtime, ready, hub, clock
+
+
+async def settle(r: Remediator) -> None:
+    for _ in range(200):
+        if not any(q for q in r.queues.values()) and not r.current:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("queue did not drain")
+
+
+async def test_a_routed_alert_restarts_gracefully_and_is_audited() -> None:
+    r, rt, _, hub, _ = make()
+    assert r.handle([alert("Hung")], 0.0) == 1
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+    (rec,) = r.store.history()
+    assert (rec.action, rec.target, rec.outcome) == ("restart", "vllm-0", "succeeded")
+    assert r.store.drains() == {}  # undrained afterwards
+    assert [e.outcome for e in hub.events] == ["started", "succeeded"]
+
+
+async def test_unrouted_and_resolved_alerts_do_nothing() -> None:
+    r, rt, *_ = make()
+    assert r.handle([alert("Other"), alert("Hung", "resolved")], 0.0) == 0
+    await settle(r)
+    assert rt.calls == [] and r.store.history() == []
+
+
+async def test_dry_run_evaluates_everything_and_touches_nothing() -> None:
+    r, rt, _, hub, _ = make(CONFIG + "dry_run: true\n")
+    r.handle([alert("Hung"), alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == []
+    outcomes = sorted((rec.action, rec.outcome) for rec in r.store.history())
+    assert outcomes == [("draft_off", "would_do"), ("restart", "would_do")]
+    reasons = {rec.action: rec.reason for rec in r.store.history()}
+    assert "without --speculative-config" in reasons["draft_off"]
+    assert r.store.load_spec("vllm-0", "draft") is None  # a dry run saves nothing either
+    assert sorted(e.outcome for e in hub.events) == ["would_do", "would_do"] and all(
+        e.dry_run for e in hub.events
+    )
+
+
+async def test_concurrent_alerts_merge_and_never_interleave() -> None:
+    r, rt, *_ = make()
+    r.handle([alert("Hung"), alert("Hung", pod="a"), alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == ["stop", "start", "replace", "commit"]  # one restart, then the relaunch; in order
+
+
+async def test_cooldown_then_budget_then_alert() -> None:
+    r, rt, _, hub, clock = make()
+    start = clock.t
+    for minute in (0, 5, 16, 32, 48, 64):
+        clock.t = start + 60 * minute
+        r.handle([alert("Hung")], clock.t)
+        await settle(r)
+    assert rt.calls.count("stop") == 3  # minutes 0, 16, 32; 5 was cooling down; 48 and 64 are over budget
+    rails = [rec.reason for rec in r.store.history() if rec.outcome == "skipped"]
+    assert any("cooldown" in x for x in rails) and any("budget" in x for x in rails)
+    budget = [a for a in hub.sent if a.labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"]
+    assert budget and budget[0].state == "firing" and budget[0].labels["target"] == "vllm-0"
+    clock.t += 7 * 3600  # the window frees the budget: the own alert resolves
+    await r.tick(clock.t)
+    assert (
+        hub.sent[-1].labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"
+        and hub.sent[-1].state == "resolved"
+    )
+
+
+async def test_disable_then_enable_draft_restores_the_exact_spec() -> None:
+    r, rt, *_ = make()
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    assert "--speculative-config" not in rt.current.args
+    assert rt.current.args == (
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+        "--max-num-seqs",
+        "4",
+    )
+    assert rt.current.data == {"image": "vllm:test"}
+    r.handle([alert("SpecBad")], 1.0)  # already off: nothing to do
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]
+    job = r.run_manual("draft_on", None)
+    await settle(r)
+    assert job.done is not None and (await job.done)["outcome"] == "succeeded"
+    assert (
+        dict(zip(rt.current.args[::2], rt.current.args[1::2], strict=False))["--speculative-config"] == SPEC
+    )
+    assert r.store.load_spec("vllm-0", "draft") is None
+
+
+async def test_a_replacement_that_is_not_ready_is_rolled_back_and_alerted() -> None:
+    r, rt, ready, hub, _ = make()
+    ready.broken.add(("-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-num-seqs", "4"))
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == ["replace", "rollback"] and rt.current.args == ARGS
+    (rec,) = r.store.history()
+    assert rec.outcome == "rolled_back" and "connection refused" in rec.reason
+    assert hub.sent[-1].labels["alertname"] == "VLLMWatchdogActionRolledBack"
+
+
+async def test_reconfigure_restores_after_the_hold() -> None:
+    r, rt, _, _, clock = make()
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    assert (
+        "--max-num-seqs" in rt.current.args
+        and rt.current.args[rt.current.args.index("--max-num-seqs") + 1] == "1"
+    )
+    r.handle([alert("Hot", "resolved")], clock.t)
+    clock.t += 300
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]  # still within the 10 m hold
+    clock.t += 301
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.current.args == ARGS and rt.calls == ["replace", "commit", "replace", "commit"]
+
+
+async def test_a_failed_stop_fails_the_action_and_backs_off() -> None:
+    r, rt, *_ = make(CONFIG.replace("cooldown: 15m, ", "cooldown: 0s, "))
+    rt.fail_stop = True
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    (rec,) = r.store.history()
+    assert rec.outcome == "failed" and "stop failed" in rec.reason and r.store.drains() == {}
+    r.handle([alert("Hung")], 1.0)
+    await settle(r)
+    assert r.store.history()[0].outcome == "skipped" and "backoff" in r.store.history()[0].reason
+
+
+async def test_refusals() -> None:
+    text = CONFIG.replace("container: vllm-0", "unit: vllm.service")
+    r, rt, *_ = make(text)
+    r.runtimes["vllm-0"].kind = "systemd"  # type: ignore[misc]
+    r.handle([alert("SpecBad"), alert("Hung", instance="some-other-server")], 0.0)
+    await settle(r)
+    reasons = sorted(rec.reason for rec in r.store.history())
+    assert any("systemd mode supports restart only" in x for x in reasons)
+    assert any("names no configured target" in x for x in reasons)
+    assert rt.calls == []
+
+
+async def test_reconcile_finishes_an_uncommitted_replacement_and_undrains() -> None:
+    r, rt, *_ = make()
+    aid = r.store.begin("draft_off", "disable_draft", "vllm-0", "alert", {}, False, 0.0)
+    r.store.set_drain("vllm-0", True, 0.0, aid)
+    rt.previous = rt.current
+    rt.current = rt.current.with_args(ARGS[:4])
+    await r.reconcile()
+    rec = r.store.history()[0]
+    assert rec.outcome == "succeeded" and "after a watchdog restart" in rec.reason
+    assert rt.calls == ["commit"] and r.store.drains() == {}

@@ -1,0 +1,95 @@
+"""Own metrics of the action plane: outcomes, budgets, drains, maintenance mode, notification queues."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .actionplane import ActionPlane
+
+
+class ActionCollector(Collector):
+    """Families built from the action plane's live state at scrape time."""
+
+    def __init__(self, plane: Callable[[], ActionPlane]) -> None:
+        self.plane = plane
+
+    def collect(self) -> Iterator[Metric]:
+        """Build every family."""
+        p = self.plane()
+        r = p.remediator
+        now = p.clock()
+        total = CounterMetricFamily(
+            "vllm_watchdog_actions",
+            "Actions by outcome (succeeded, failed, rolled_back, skipped, would_do, refused).",
+            labels=["action", "target", "outcome"],
+        )
+        for (action, target, outcome), n in sorted(r.counts.items()):
+            total.add_metric([action, target, outcome], n)
+        yield total
+        budget = GaugeMetricFamily(
+            "vllm_watchdog_action_budget_remaining",
+            "Actions left in the current max_per_window.",
+            labels=["action", "target"],
+        )
+        for a in p.config.actions.values():
+            for t in p.config.targets:
+                left = r.rails.budget_left(a, t.name, now)
+                if left is not None:
+                    budget.add_metric([a.name, t.name], left)
+        yield budget
+        running = GaugeMetricFamily(
+            "vllm_watchdog_action_running",
+            "1 while an action runs on the target.",
+            labels=["target", "action"],
+        )
+        for target, job in sorted(r.current.items()):
+            running.add_metric([target, job.action.name], 1)
+        yield running
+        drained = GaugeMetricFamily(
+            "vllm_watchdog_drained", "1 while the target is drained for an action.", labels=["target"]
+        )
+        for target in sorted(p.store.drains()):
+            drained.add_metric([target], 1)
+        yield drained
+        yield GaugeMetricFamily(
+            "vllm_watchdog_paused", "1 in maintenance mode (no actions).", value=int(p.store.paused()[0])
+        )
+        yield GaugeMetricFamily(
+            "vllm_watchdog_dry_run",
+            "1 when every action only logs what it would do.",
+            value=int(p.config.dry_run),
+        )
+        yield from _notifier_families(p)
+
+
+def _notifier_families(p: ActionPlane) -> Iterator[Metric]:
+    stats = p.hub.stats()
+    queued = GaugeMetricFamily(
+        "vllm_watchdog_notifications_queued", "Notifications waiting for delivery.", labels=["notifier"]
+    )
+    sent = CounterMetricFamily(
+        "vllm_watchdog_notifications_sent", "Notifications delivered.", labels=["notifier"]
+    )
+    failed = CounterMetricFamily(
+        "vllm_watchdog_notifications_failed",
+        "Notifications a receiver refused for good (4xx).",
+        labels=["notifier"],
+    )
+    retries = CounterMetricFamily(
+        "vllm_watchdog_notification_retries", "Delivery attempts to be retried.", labels=["notifier"]
+    )
+    dropped = CounterMetricFamily(
+        "vllm_watchdog_notifications_dropped",
+        "Notifications dropped (queue full, rejected).",
+        labels=["notifier"],
+    )
+    for name, s in sorted(stats.items()):
+        queued.add_metric([name], s.queued)
+        sent.add_metric([name], s.sent)
+        failed.add_metric([name], s.failed)
+        dropped.add_metric([name], s.dropped)
+        retries.add_metric([name], s.retries)
+    yield from (queued, sent, failed, dropped, retries)

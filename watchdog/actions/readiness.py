@@ -1,0 +1,55 @@
+"""Is a (re)started vLLM really back? `/health` answers 200 and a canary completion generates a token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import httpx
+
+from ..config import TargetConfig
+from ..sources.probes import CanaryProbe, HealthProbe
+
+Sleep = Callable[[float], Awaitable[None]]
+POLL = 1.0
+
+
+class ReadyCheck:
+    """Polls one target's health and canary until both succeed or a deadline passes."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        poll: float = POLL,
+    ) -> None:
+        self.client = client
+        self.monotonic = monotonic
+        self.sleep = sleep
+        self.poll = poll
+
+    async def wait(self, target: TargetConfig, timeout: float) -> tuple[bool, str]:
+        """(True, "") once ready; (False, the last reason) when `timeout` seconds pass first."""
+        deadline = self.monotonic() + timeout
+        health = HealthProbe(target.health_url, self.client, max(target.health_timeout, 2.0))
+        # The canary always runs here, even where the periodic canary is disabled: only a generated
+        # token proves the engine is back, and the model may have changed across a relaunch.
+        canary_cfg = replace(target.canary, enabled=True, timeout=max(target.canary.timeout, 10.0))
+        canary = CanaryProbe(target.url, canary_cfg, self.client)
+        reason = "not probed yet"
+        while True:
+            h = await health.probe(0.0)
+            if h.ok:
+                c = await canary.probe(0.0)
+                if c.ok:
+                    return True, ""
+                reason = f"canary: {c.last_error}"
+            else:
+                reason = f"/health: {h.last_error}"
+            if self.monotonic() + self.poll > deadline:
+                return False, f"not ready within {timeout:g}s ({reason})"
+            await self.sleep(self.poll)

@@ -1,0 +1,235 @@
+"""The action part of the own HTTP API: history, maintenance mode, silences, manual runs, inbound alerts.
+
+Everything that changes state needs the bearer token (`api_token`); reading the history does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .actionconfig import parse_matcher
+from .alerting import OutgoingAlert
+from .durations import parse_duration
+from .remediation import Remediator
+
+MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
+MANUAL_WAIT_LIMIT = 3600.0
+
+
+class BadRequest(ValueError):
+    """A request body problem; the message names the field."""
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"status": "error", "error": message}, status_code=status)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body must be a JSON object")
+    return data
+
+
+def _string(data: dict[str, Any], key: str, where: str = "", default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}{key}: must be a string")
+    return value
+
+
+def _labels(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest(f"{where}: must be an object of string values")
+    return dict(value)
+
+
+def _time(value: object, where: str) -> float | None:
+    """An RFC 3339 time as Alertmanager writes it; Go's zero time and absence are None."""
+    if value is None or value == "" or (isinstance(value, str) and value.startswith("0001-01-01")):
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}: must be an RFC 3339 time string")
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise BadRequest(f"{where}: not an RFC 3339 time: {value!r}") from None
+
+
+def inbound_alerts(data: dict[str, Any], now: float) -> list[OutgoingAlert]:
+    """Alerts from an Alertmanager webhook body (version 4); BadRequest names the bad field."""
+    alerts = data.get("alerts")
+    if not isinstance(alerts, list):
+        raise BadRequest("alerts: must be a list")
+    out: list[OutgoingAlert] = []
+    for i, a in enumerate(alerts):
+        where = f"alerts[{i}]"
+        if not isinstance(a, dict):
+            raise BadRequest(f"{where}: must be an object")
+        status = a.get("status", data.get("status", "firing"))
+        if status not in ("firing", "resolved"):
+            raise BadRequest(f"{where}.status: must be 'firing' or 'resolved'")
+        labels = _labels(a.get("labels"), f"{where}.labels")
+        annotations = _labels(a.get("annotations", {}), f"{where}.annotations")
+        starts = _time(a.get("startsAt"), f"{where}.startsAt") or now
+        ends = _time(a.get("endsAt"), f"{where}.endsAt")
+        url = a.get("generatorURL", "")
+        out.append(
+            OutgoingAlert(
+                labels,
+                annotations,
+                str(status),
+                starts,
+                ends or 0.0,
+                0.0,
+                url if isinstance(url, str) else "",
+            )
+        )
+    return out
+
+
+def _silence_matchers(value: object) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise BadRequest("matchers: must be a non-empty list")
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(value):
+        if isinstance(m, str):
+            try:
+                parsed = parse_matcher(m)
+            except ValueError as exc:
+                raise BadRequest(f"matchers[{i}]: {exc}") from None
+            out.append({"name": parsed.name, "op": parsed.op, "value": parsed.value})
+        elif isinstance(m, dict):  # Alertmanager's silence shape
+            name = _string(m, "name", f"matchers[{i}].")
+            val = _string(m, "value", f"matchers[{i}].")
+            regex, equal = bool(m.get("isRegex", False)), bool(m.get("isEqual", True))
+            op = ("=~" if equal else "!~") if regex else ("=" if equal else "!=")
+            try:
+                parse_matcher(f'{name}{op}"{val}"')
+            except ValueError as exc:
+                raise BadRequest(f"matchers[{i}]: {exc}") from None
+            out.append({"name": name, "op": op, "value": val})
+        else:
+            raise BadRequest(f'matchers[{i}]: must be a string like alertname="X" or an object')
+    return out
+
+
+def control_routes(
+    get_remediator: Callable[[], Remediator],
+    check_token: Callable[[Request], Response | None],
+    clock: Callable[[], float],
+) -> list[Route]:
+    """The routes; `check_token` returns the 401/403 response for a request without the bearer token."""
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def wrapper(request: Request) -> Response:
+            denied = check_token(request)
+            if denied is not None:
+                return denied
+            try:
+                result: Response = await handler(request)
+            except BadRequest as exc:
+                return _error(400, str(exc))
+            return result
+
+        return wrapper
+
+    async def actions(request: Request) -> Response:
+        try:
+            limit = min(int(request.query_params.get("limit", "100")), 10_000)
+        except ValueError:
+            return _error(400, "limit: must be an integer")
+        return JSONResponse(get_remediator().status_json(clock(), limit=limit))
+
+    async def pause(request: Request) -> Response:
+        body = await _body(request)
+        reason = _string(body, "reason", default="maintenance")
+        get_remediator().store.set_paused(True, reason, clock())
+        return JSONResponse({"status": "success", "paused": True, "reason": reason})
+
+    async def resume(request: Request) -> Response:
+        get_remediator().store.set_paused(False, "", clock())
+        return JSONResponse({"status": "success", "paused": False})
+
+    async def add_silence(request: Request) -> Response:
+        body = await _body(request)
+        now = clock()
+        matchers = _silence_matchers(body.get("matchers"))
+        ends = _time(body.get("endsAt"), "endsAt")
+        if ends is None:
+            try:
+                ends = now + parse_duration(_string(body, "duration", default=""))
+            except ValueError as exc:
+                raise BadRequest(f"set endsAt (RFC 3339) or duration (e.g. 2h): {exc}") from None
+        if ends <= now:
+            raise BadRequest("endsAt: must be in the future")
+        starts = _time(body.get("startsAt"), "startsAt") or now
+        store = get_remediator().store
+        sid = store.add_silence(
+            matchers,
+            starts,
+            ends,
+            _string(body, "comment", default=""),
+            _string(body, "createdBy", default="api"),
+            now,
+        )
+        return JSONResponse({"status": "success", "silenceID": sid})
+
+    async def list_silences(request: Request) -> Response:
+        silences = get_remediator().store.silences(clock(), active_only=False)
+        return JSONResponse({"status": "success", "data": [s.to_json() for s in silences]})
+
+    async def expire_silence(request: Request) -> Response:
+        if not get_remediator().store.expire_silence(request.path_params["sid"], clock()):
+            return _error(404, "no such active silence")
+        return JSONResponse({"status": "success"})
+
+    async def run(request: Request) -> Response:
+        body = await _body(request)
+        target = body.get("target")
+        if target is not None and not isinstance(target, str):
+            raise BadRequest("target: must be a string")
+        try:
+            job = get_remediator().run_manual(request.path_params["name"], target)
+        except ValueError as exc:
+            return _error(404, str(exc))
+        if not body.get("wait", False) or job.done is None:
+            return JSONResponse({"status": "success", "queued": True}, status_code=202)
+        result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
+        return JSONResponse({"status": "success", "result": result})
+
+    async def inbound(request: Request) -> Response:
+        alerts = inbound_alerts(await _body(request), clock())
+        queued = get_remediator().handle(alerts, clock(), trigger="inbound")
+        return JSONResponse({"status": "success", "alerts": len(alerts), "queued": queued})
+
+    return [
+        Route("/api/v1/actions", actions),
+        Route("/api/v1/pause", guarded(pause), methods=["POST"]),
+        Route("/api/v1/resume", guarded(resume), methods=["POST"]),
+        Route("/api/v1/silences", guarded(add_silence), methods=["POST"]),
+        Route("/api/v1/silences", list_silences, methods=["GET"]),
+        Route("/api/v1/silences/{sid}", guarded(expire_silence), methods=["DELETE"]),
+        Route("/api/v1/actions/{name}/run", guarded(run), methods=["POST"]),
+        Route("/api/v1/alertmanager", guarded(inbound), methods=["POST"]),
+    ]

@@ -1,0 +1,455 @@
+"""Alerts become actions: routes pick them, rails allow them, one worker per target runs them in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .actionconfig import ActionConfig, Budget
+from .actions.flows import FlowContext, Outcome, reconcile
+from .actions.plans import Plan, execute_plan, plan_action
+from .actions.rails import Rails, Verdict
+from .actions.readiness import ReadyCheck
+from .actions.runtime import Runtime
+from .actions.runtimes import UnavailableRuntime
+from .actions.state import ActionStore
+from .alerting import OutgoingAlert
+from .config import Config, TargetConfig
+from .notifiers.hub import ActionEvent, NotificationHub
+from .router import route, target_of
+from .watchdogalerts import WatchdogAlerts
+
+log = logging.getLogger(__name__)
+SKIP_REPEAT = 600.0  # a skip for the same rail is written to the audit log at most this often
+PRUNE_EVERY = 3600.0
+KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
+# Process mode: a child that died on its own is started again, under the same rails as any restart.
+RESPAWN = ActionConfig(
+    name="respawn",
+    type="restart",
+    cooldown=0.0,
+    max_per_window=Budget(5, 3600.0),
+    startup_grace=0.0,
+    backoff_initial=10.0,
+    backoff_max=600.0,
+    drain_timeout=0.0,
+    stop_timeout=30.0,
+)
+
+
+@dataclass
+class Job:
+    """One action to run on one target."""
+
+    action: ActionConfig
+    target: TargetConfig
+    labels: Mapping[str, str]
+    trigger: str  # "alert" | "inbound" | "manual" | "supervisor" | "restore"
+    restore: bool = False
+    needed_at: float | None = None  # when the need began (the alert's start): a crash loop is a *new* need
+    done: asyncio.Future[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        """Jobs with the same key merge while one waits or runs."""
+        return (self.action.name, self.restore)
+
+
+class Remediator:
+    """Owns the action queues, the rails and the audit log for the targets of the current config."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: ActionStore,
+        runtimes: Mapping[str, Runtime],
+        ready: ReadyCheck,
+        *,
+        hub: NotificationHub | None = None,
+        power: Any | None = None,
+        running_requests: Callable[[str], float | None] = lambda _: None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.rails = Rails(store)
+        self.runtimes = dict(runtimes)
+        self.ready = ready
+        self.hub = hub
+        self.power = power
+        self.running_requests = running_requests
+        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
+        self.alerts = WatchdogAlerts(self.rails)
+        self.queues: dict[str, deque[Job]] = {}
+        self.current: dict[str, Job] = {}
+        self.workers: dict[str, asyncio.Task[None]] = {}
+        self.counts: dict[tuple[str, str, str], int] = {}  # (action, target, outcome) -> n
+        self._last_skip: dict[tuple[str, str], tuple[str, float]] = {}
+        self._pruned = 0.0
+        self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
+
+    def apply(self, config: Config, runtimes: Mapping[str, Runtime]) -> None:
+        """Adopt a reloaded config; queued jobs keep the action settings they were queued with."""
+        self.config = config
+        self.runtimes = dict(runtimes)
+
+    # -- intake ------------------------------------------------------------------------------
+    def handle(self, alerts: Sequence[OutgoingAlert], now: float, trigger: str = "alert") -> int:
+        """Route alerts: firing ones queue actions, resolved ones schedule restores; returns jobs queued."""
+        queued = 0
+        for alert in alerts:
+            for routed in route(self.config.routes, alert.labels):
+                action = self.config.actions.get(routed.action)
+                if action is None:
+                    continue
+                target = target_of(alert.labels, self.config.targets)
+                if target is None:
+                    self._refuse(action, alert.labels, trigger, "the alert names no configured target", now)
+                    continue
+                restore_key = f"restore/{action.name}/{target.name}"
+                if alert.state == "resolved":
+                    if action.restore_after is not None:
+                        self.store.put(
+                            restore_key, {"due": now + action.restore_after, "labels": dict(alert.labels)}
+                        )
+                    continue
+                self.store.put(restore_key, None)  # firing again: the hold starts over when it resolves
+                job = Job(action, target, dict(alert.labels), trigger, needed_at=alert.starts_at or None)
+                queued += self.enqueue(job)
+        return queued
+
+    def run_manual(self, name: str, target_name: str | None) -> Job:
+        """Queue an action by hand (the control API); ValueError if action or target is unknown."""
+        action = self.config.actions.get(name)
+        if action is None:
+            raise ValueError(
+                f"unknown action {name!r} (configured: {', '.join(sorted(self.config.actions)) or 'none'})"
+            )
+        targets = {t.name: t for t in self.config.targets}
+        if target_name is None and len(targets) == 1:
+            target_name = next(iter(targets))
+        if target_name not in targets:
+            raise ValueError(f"unknown target {target_name!r} (configured: {', '.join(sorted(targets))})")
+        job = Job(action, targets[target_name], {"target": target_name, "action": name}, "manual")
+        job.done = asyncio.get_running_loop().create_future()
+        self.enqueue(job)
+        return job
+
+    def enqueue(self, job: Job) -> int:
+        """Queue a job on its target's worker, merged with an equal one already waiting or running."""
+        name = job.target.name
+        queue = self.queues.setdefault(name, deque())
+        running = self.current.get(name)
+        if (running is not None and running.key == job.key) or any(j.key == job.key for j in queue):
+            log.info(
+                "action merged with one already queued", extra={"action": job.action.name, "target": name}
+            )
+            if job.done is not None and not job.done.done():
+                job.done.set_result(
+                    {"outcome": "merged", "reason": "the same action is already queued or running"}
+                )
+            return 0
+        queue.append(job)
+        worker = self.workers.get(name)
+        if worker is None or worker.done():
+            self.workers[name] = asyncio.get_running_loop().create_task(
+                self._work(name), name=f"actions:{name}"
+            )
+        return 1
+
+    # -- execution ---------------------------------------------------------------------------
+    async def _work(self, target: str) -> None:
+        await self.reconciled.wait()
+        queue = self.queues[target]
+        while queue:
+            job = queue.popleft()
+            self.current[target] = job
+            try:
+                result = await self._execute(job)
+            except Exception as exc:  # one broken job must not kill the worker
+                log.exception("action crashed", extra={"action": job.action.name, "target": target})
+                result = {"outcome": "failed", "reason": f"internal error: {exc}"}
+            finally:
+                self.current.pop(target, None)
+            if job.done is not None and not job.done.done():
+                job.done.set_result(result)
+
+    def _dry(self, action: ActionConfig) -> bool:
+        return self.config.dry_run or bool(action.dry_run)
+
+    async def _execute(self, job: Job) -> dict[str, Any]:
+        action, target, now = job.action, job.target, self.clock()
+        runtime = self.runtimes.get(target.name)
+        problem = _unsupported(action, target, runtime, self.power)
+        if problem:
+            return self._refuse(action, job.labels, job.trigger, problem, now, target.name)
+        started = await runtime.started_at() if runtime is not None and action.disruptive else None
+        verdict = self.rails.check(
+            action,
+            target.name,
+            job.labels,
+            now,
+            server_started_at=started,
+            manual=job.trigger == "manual",
+            needed_at=job.needed_at,
+        )
+        if not verdict.allowed:
+            return self._skip(job, verdict, now)
+        plan = await plan_action(action, target, runtime, self.store, self.power, restore=job.restore)
+        if plan.skip:
+            return self._skip(job, Verdict(False, plan.skip, "nothing_to_do"), now)
+        if self._dry(action):
+            return self._would_do(job, plan, now)
+        action_id = self.store.begin(
+            action.name,
+            action.type,
+            target.name,
+            job.trigger,
+            job.labels,
+            False,
+            now,
+            needed_at=job.needed_at,
+        )
+        self._event(job, "started", plan.describe, now, action_id)
+        log.warning(
+            "action started", extra={"action": action.name, "target": target.name, "plan": plan.describe}
+        )
+        ctx = self._context(target, runtime)
+        outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
+        return self._finish(job, action_id, outcome)
+
+    def _context(self, target: TargetConfig, runtime: Runtime | None) -> FlowContext:
+        return FlowContext(
+            store=self.store,
+            target=target,
+            runtime=runtime or UnavailableRuntime("none", target.name, "no container, command or unit"),
+            ready=self.ready,
+            running_requests=lambda: self.running_requests(target.name),
+            clock=self.clock,
+            monotonic=self.monotonic,
+            sleep=self.sleep,
+        )
+
+    def _finish(self, job: Job, action_id: int, outcome: Outcome) -> dict[str, Any]:
+        now = self.clock()
+        self.store.finish(action_id, outcome.outcome, now, outcome.reason, outcome.details or None)
+        self._count(job.action.name, job.target.name, outcome.outcome)
+        self._event(job, outcome.outcome, outcome.reason, now, action_id)
+        level = logging.WARNING if outcome.outcome == "succeeded" else logging.ERROR
+        log.log(
+            level,
+            "action " + outcome.outcome,
+            extra={"action": job.action.name, "target": job.target.name, "reason": outcome.reason},
+        )
+        fired = self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now)
+        self._send(fired, now)
+        return {"outcome": outcome.outcome, "reason": outcome.reason, "action_id": action_id}
+
+    def _skip(self, job: Job, verdict: Verdict, now: float) -> dict[str, Any]:
+        key = (job.action.name, job.target.name)
+        self._count(job.action.name, job.target.name, "skipped")
+        last = self._last_skip.get(key)
+        if last is None or last[0] != verdict.rail or now - last[1] >= SKIP_REPEAT or job.trigger == "manual":
+            self._last_skip[key] = (verdict.rail, now)
+            a = job.action
+            self.store.record(
+                a.name,
+                a.type,
+                job.target.name,
+                job.trigger,
+                job.labels,
+                "skipped",
+                verdict.reason,
+                self._dry(a),
+                now,
+                needed_at=job.needed_at,
+            )
+            self._event(job, "skipped", verdict.reason, now, None)
+            log.warning(
+                "action skipped",
+                extra={
+                    "action": a.name,
+                    "target": job.target.name,
+                    "rail": verdict.rail,
+                    "reason": verdict.reason,
+                },
+            )
+        self._send(self.alerts.after_skip(job.action, job.target.name, verdict, now), now)
+        return {
+            "outcome": "skipped",
+            "reason": verdict.reason,
+            "rail": verdict.rail,
+            "retry_at": verdict.retry_at,
+        }
+
+    def _would_do(self, job: Job, plan: Plan, now: float) -> dict[str, Any]:
+        a = job.action
+        reason = f"dry run: would {plan.describe}"
+        self.store.record(
+            a.name,
+            a.type,
+            job.target.name,
+            job.trigger,
+            job.labels,
+            "would_do",
+            reason,
+            True,
+            now,
+            needed_at=job.needed_at,
+        )
+        self._count(a.name, job.target.name, "would_do")
+        self._event(job, "would_do", reason, now, None)
+        log.warning(
+            "dry run: action not taken",
+            extra={"action": a.name, "target": job.target.name, "would": plan.describe},
+        )
+        return {"outcome": "would_do", "reason": reason}
+
+    def _refuse(
+        self,
+        action: ActionConfig,
+        labels: Mapping[str, str],
+        trigger: str,
+        reason: str,
+        now: float,
+        target: str = "",
+    ) -> dict[str, Any]:
+        self.store.record(
+            action.name, action.type, target, trigger, labels, "refused", reason, self._dry(action), now
+        )
+        self._count(action.name, target, "refused")
+        log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
+        return {"outcome": "refused", "reason": reason}
+
+    def _count(self, action: str, target: str, outcome: str) -> None:
+        key = (action, target, outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _event(self, job: Job, outcome: str, reason: str, now: float, action_id: int | None) -> None:
+        if self.hub is None:
+            return
+        a = job.action
+        event = ActionEvent(
+            action=a.name,
+            type=a.type,
+            target=job.target.name,
+            outcome=outcome,
+            reason=reason,
+            at=now,
+            labels=dict(job.labels),
+            dry_run=self._dry(a),
+            action_id=action_id,
+        )
+        self.hub.event(event, now)
+
+    def _send(self, alerts: list[OutgoingAlert], now: float) -> None:
+        if alerts and self.hub is not None:
+            self.hub.alerts(alerts, now)
+
+    # -- periodic ----------------------------------------------------------------------------
+    async def tick(self, now: float) -> None:
+        """Queue due restores, respawn dead children (process mode), resend or resolve own alerts."""
+        for target in self.config.targets:
+            for action in self.config.actions.values():
+                key = f"restore/{action.name}/{target.name}"
+                pending = self.store.get(key)
+                if isinstance(pending, dict) and float(pending.get("due", 0)) <= now:
+                    self.store.put(key, None)
+                    self.enqueue(
+                        Job(action, target, dict(pending.get("labels") or {}), "restore", restore=True)
+                    )
+            runtime = self.runtimes.get(target.name)
+            exit_code = getattr(runtime, "exit_code", None)
+            if callable(exit_code) and target.name not in self.current and not self.queues.get(target.name):
+                code = exit_code()
+                if code is not None:
+                    log.error("vLLM exited on its own", extra={"target": target.name, "exit_code": code})
+                    self.enqueue(
+                        Job(RESPAWN, target, {"target": target.name, "exit_code": str(code)}, "supervisor")
+                    )
+        self._send(self.alerts.tick(self.config.actions, now), now)
+        if now - self._pruned >= PRUNE_EVERY:
+            self._pruned = now
+            self.store.prune(now - KEEP_NOISE)
+
+    async def reconcile(self) -> None:
+        """After a crash: finish or roll back every action left running, and undrain its target."""
+        targets = {t.name: t for t in self.config.targets}
+        for record in self.store.unfinished():
+            target, runtime = targets.get(record.target), self.runtimes.get(record.target)
+            action = self.config.actions.get(record.action, RESPAWN)
+            if target is None or runtime is None:
+                self.store.finish(
+                    record.id, "failed", self.clock(), "watchdog restarted; target no longer configured"
+                )
+                self.store.set_drain(record.target, False, self.clock(), record.id)
+                continue
+            log.warning(
+                "reconciling an action left in flight",
+                extra={"action": record.action, "target": record.target},
+            )
+            outcome = await reconcile(
+                self._context(target, runtime),
+                record.id,
+                stop_timeout=action.stop_timeout,
+                ready_timeout=action.ready_timeout,
+            )
+            self.store.finish(record.id, outcome.outcome, self.clock(), outcome.reason)
+            self._count(record.action, record.target, outcome.outcome)
+        for name in list(self.store.drains()):
+            if name not in self.current:
+                self.store.set_drain(name, False, self.clock())
+        self.reconciled.set()
+
+    def status_json(self, now: float, limit: int = 100) -> dict[str, Any]:
+        """GET /api/v1/actions: history, queues, drains, pause, silences and budgets."""
+        paused, reason, since = self.store.paused()
+        budgets = {
+            f"{a.name}/{t.name}": self.rails.budget_left(a, t.name, now)
+            for a in self.config.actions.values()
+            for t in self.config.targets
+            if a.max_per_window is not None
+        }
+        return {
+            "status": "success",
+            "data": {
+                "dry_run": self.config.dry_run,
+                "paused": {"paused": paused, "reason": reason, "since": since},
+                "running": {t: j.action.name for t, j in self.current.items()},
+                "queued": {t: [j.action.name for j in q] for t, q in self.queues.items() if q},
+                "drained": self.store.drains(),
+                "budgets_left": budgets,
+                "silences": [s.to_json() for s in self.store.silences(now)],
+                "watchdog_alerts": self.alerts.json(),
+                "history": [r.to_json() for r in self.store.history(limit=limit)],
+            },
+        }
+
+    async def aclose(self) -> None:
+        """Cancel workers; an action cut short stays "running" in the log and is reconciled at next start."""
+        tasks = [t for t in self.workers.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=3.0)
+
+
+def _unsupported(
+    action: ActionConfig, target: TargetConfig, runtime: Runtime | None, power: Any | None
+) -> str:
+    if action.type == "gpu_power_limit":
+        if power is None:
+            return "gpu_power_limit needs NVML (gpus: {nvml: true})"
+        return "" if target.gpus else f"target {target.name} lists no gpus"
+    if runtime is None:
+        return f"target {target.name} names no container, command or unit to act on"
+    if action.type != "restart" and runtime.kind == "systemd":
+        return f"{action.type} needs docker or process mode; systemd mode supports restart only"
+    return ""
