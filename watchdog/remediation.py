@@ -20,6 +20,7 @@ from .actions.runtimes import UnavailableRuntime
 from .actions.state import ActionStore
 from .alerting import OutgoingAlert
 from .config import Config, TargetConfig
+from .errors import ActionError
 from .notifiers.hub import ActionEvent, NotificationHub
 from .router import route, target_of
 from .watchdogalerts import WatchdogAlerts
@@ -190,7 +191,7 @@ class Remediator:
         problem = _unsupported(action, target, runtime, self.power)
         if problem:
             return self._refuse(action, job.labels, job.trigger, problem, now, target.name)
-        started = await runtime.started_at() if runtime is not None and action.disruptive else None
+        started = await _started_at(runtime) if runtime is not None and action.disruptive else None
         verdict = self.rails.check(
             action,
             target.name,
@@ -439,6 +440,17 @@ class Remediator:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=3.0)
+
+
+async def _started_at(runtime: Runtime) -> float | None:
+    """When the server started, for the start-up grace rail; unknown (None) if the runtime cannot tell."""
+    try:
+        return await runtime.started_at()
+    except ActionError as exc:
+        log.warning(
+            "cannot tell when the server started", extra={"target": runtime.target, "error": str(exc)}
+        )
+        return None
 
 
 def _unsupported(
