@@ -155,7 +155,7 @@ class Daemon:
             )
 
         for name, rt in mon.targets.items():
-            add(f"scrape:{name}", functools.partial(mon.scrape, name), g.scrape_interval)
+            add(f"scrape:{name}", functools.partial(self._scrape, name), g.scrape_interval)
             if rt.config.health_probe:
                 add(f"health:{name}", functools.partial(mon.probe_health, name), g.scrape_interval)
             if rt.canary is not None:
@@ -180,6 +180,13 @@ class Daemon:
             add("scrapelog", self._flush_log, 1.0)
         if self.notifier.watchdog_interval is not None:
             add("systemd-watchdog", self._ping, self.notifier.watchdog_interval)
+
+    async def _scrape(self, name: str, now: float) -> None:
+        """Scrape one target, then evaluate the rule groups that are due on the fresh samples."""
+        assert self.monitor is not None
+        await self.monitor.scrape(name, now)
+        if self.evaluation is not None:
+            self.evaluation.after_scrape(self.clock())
 
     async def _gc(self, now: float) -> None:
         assert self.monitor is not None
