@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 def valid_container_name(name: str) -> bool:
-    """Whether `name` is a Docker container name (and not, say, an id prefix with a slash)."""
+    """Whether `name` is a Docker container name: letters, digits and `_.-`, no slash."""
     return _NAME.fullmatch(name) is not None
 
 
@@ -50,7 +50,7 @@ def launch_from_inspect(attrs: Mapping[str, Any]) -> Launch:
     image = str(config.pop("Image", "") or attrs.get("Image", ""))
     cid = str(attrs.get("Id", ""))
     host_config = dict(attrs.get("HostConfig") or {})
-    if str(host_config.get("NetworkMode", "")).startswith("container:"):
+    if _shares_network(host_config):
         config.pop("Hostname", None)  # taken from the other container; Docker refuses one given
     elif cid and config.get("Hostname") == cid[:12]:
         del config["Hostname"]  # Docker's default; the new container gets its own
@@ -61,9 +61,14 @@ def launch_from_inspect(attrs: Mapping[str, Any]) -> Launch:
         "config": config,
         "host_config": host_config,
         "volumes": _unnamed_volumes(attrs, host_config),
-        "networks": _endpoints(attrs, cid),
+        "networks": {} if _shares_network(host_config) else _endpoints(attrs, cid),
     }
     return Launch(kind="docker", args=args, data=data)
+
+
+def _shares_network(host_config: Mapping[str, Any]) -> bool:
+    """Whether the container lives in another container's network namespace (`--network container:X`)."""
+    return str(host_config.get("NetworkMode", "")).startswith("container:")
 
 
 def _unnamed_volumes(attrs: Mapping[str, Any], host_config: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -127,7 +132,7 @@ def _explain(exc: Exception) -> str:
         return str(exc.explanation or exc)
     if isinstance(exc, DockerException):
         return str(exc)
-    return f"Docker engine not reachable: {exc}"
+    return f"no answer from the Docker engine: {exc}"
 
 
 class DockerRuntime:
@@ -168,7 +173,7 @@ class DockerRuntime:
         await self._call("start", self._start)
 
     async def replace(self, launch: Launch, stop_timeout: float) -> None:
-        """Rename the container to the backup name, create `launch` under its name, stop the old, start it."""
+        """Rename the old to the backup name, create `launch` under the name, stop the old, start the new."""
         await self._call("replace", self._replace, launch, stop_timeout)
 
     async def has_previous(self) -> bool:
