@@ -115,7 +115,7 @@ class Ready:
         self.runtime = runtime
         self.broken: set[tuple[str, ...]] = set()
 
-    async def wait(self, target: TargetConfig, timeout: float) -> tuple[bool, str]:
+    async def wait(self, target: TargetConfig, timeout: float, alive: object = None) -> tuple[bool, str]:
         if self.runtime.current.args in self.broken:
             return False, f"not ready within {timeout:g}s (/health: connection refused)"
         return True, ""

@@ -32,8 +32,11 @@ class ReadyCheck:
         self.sleep = sleep
         self.poll = poll
 
-    async def wait(self, target: TargetConfig, timeout: float) -> tuple[bool, str]:
-        """(True, "") once ready; (False, the last reason) when `timeout` seconds pass first."""
+    async def wait(
+        self, target: TargetConfig, timeout: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> tuple[bool, str]:
+        """(True, "") once ready; (False, the last reason) when `timeout` seconds pass first, or at once
+        when `alive` says the server process or container has exited (no point waiting for it)."""
         deadline = self.monotonic() + timeout
         health = HealthProbe(target.health_url, self.client, max(target.health_timeout, 2.0))
         # The canary always runs here, even where the periodic canary is disabled: only a generated
@@ -50,6 +53,8 @@ class ReadyCheck:
                 reason = f"canary: {c.last_error}"
             else:
                 reason = f"/health: {h.last_error}"
+                if alive is not None and not await alive():
+                    return False, f"the server exited while starting ({reason})"
             if self.monotonic() + self.poll > deadline:
                 return False, f"not ready within {timeout:g}s ({reason})"
             await self.sleep(self.poll)
