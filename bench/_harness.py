@@ -144,7 +144,7 @@ class Scenario:
     def stop(self) -> None:
         """Stop both processes."""
         self.running = False
-        self.prom.stop()
+        self.prom.close()
         self.am.close()
 
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from vllm_server import free_port
+from serverproc import ServerProcess
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 READY_TIMEOUT = 30.0
@@ -38,22 +35,17 @@ def am_config(webhook_url: str | None) -> str:
     return json.dumps(config, indent=2) + "\n"  # YAML is a superset of JSON
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(ServerProcess):
     """One Alertmanager process with its own config and storage under `workdir`, on a fixed port."""
 
     def __init__(self, workdir: Path, webhook_url: str | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.workdir = workdir
+        super().__init__("alertmanager", workdir)
         self.config_path = workdir / "alertmanager.yml"
         self.config_path.write_text(am_config(webhook_url))
-        self.log_path = workdir / "alertmanager.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=5.0, trust_env=False)
 
-    def start(self, timeout: float = READY_TIMEOUT) -> None:
-        """Start Alertmanager (again, on the same port) and wait until /-/ready answers 200."""
-        cmd = [
+    def command(self) -> list[str]:
+        """Alertmanager on its port, clustering off, storing under workdir/data."""
+        return [
             ALERTMANAGER,
             f"--config.file={self.config_path}",
             f"--storage.path={self.workdir / 'data'}",
@@ -61,34 +53,10 @@ class AlertmanagerServer:
             "--cluster.listen-address=",
             "--log.level=warn",
         ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited with {self.proc.returncode}: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/-/ready", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"alertmanager not ready after {timeout}s: {self.log_tail()}")
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s; the port and storage stay for a later start()."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def close(self) -> None:
-        """Stop and release the HTTP client."""
-        self.stop()
-        self.http.close()
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        """Start Alertmanager (again, on the same port) and wait until /-/ready answers 200."""
+        super().start(timeout)
 
     def alerts(self, **filters: str) -> list[dict[str, Any]]:
         """What `GET /api/v2/alerts` lists now (active, silenced, inhibited and unprocessed alerts)."""
@@ -111,10 +79,6 @@ class AlertmanagerServer:
                 return got
             time.sleep(0.1)
         pytest.fail(f"alertmanager never showed the expected alerts within {timeout}s; last: {got}")
-
-    def log_tail(self, n: int = 2000) -> str:
-        """The end of Alertmanager's log."""
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
 
 @contextlib.contextmanager

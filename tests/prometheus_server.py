@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from vllm_server import free_port
+from serverproc import ServerProcess
 
 PROMETHEUS = "/usr/bin/prometheus"
 READY_TIMEOUT = 30.0
@@ -31,22 +27,17 @@ def scrape_config(jobs: dict[str, list[str]], interval: str = "1s", metrics_path
     return "\n".join(lines) + "\n"
 
 
-class PrometheusServer:
+class PrometheusServer(ServerProcess):
     """One Prometheus process with its own storage directory under `workdir`."""
 
     def __init__(self, config_text: str, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.workdir = workdir
+        super().__init__("prometheus", workdir)
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(config_text)
-        self.log_path = workdir / "prometheus.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=5.0, trust_env=False)
 
-    def start(self, timeout: float = READY_TIMEOUT) -> None:
-        """Start Prometheus and wait until /-/ready answers 200."""
-        cmd = [
+    def command(self) -> list[str]:
+        """Prometheus on its port, storing under workdir/data."""
+        return [
             PROMETHEUS,
             f"--config.file={self.config_path}",
             f"--storage.tsdb.path={self.workdir / 'data'}",
@@ -54,18 +45,10 @@ class PrometheusServer:
             "--storage.tsdb.retention.time=1h",
             "--log.level=warn",
         ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/-/ready", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log_tail()}")
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        """Start Prometheus and wait until /-/ready answers 200."""
+        super().start(timeout)
 
     def api_query(self, expr: str, at: float | None = None) -> dict[str, Any]:
         """The raw `data` of an instant query through the HTTP API (no watchdog code involved)."""
@@ -84,32 +67,16 @@ class PrometheusServer:
             time.sleep(0.25)
         pytest.fail(f"{expr!r} returned nothing within {timeout}s; prometheus log: {self.log_tail()}")
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
-        self.http.close()
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def log_tail(self, n: int = 2000) -> str:
-        """The end of Prometheus' log."""
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
-
 
 @contextlib.contextmanager
 def running_prometheus(config_text: str, workdir: Path) -> Iterator[PrometheusServer]:
     """Run Prometheus for the duration of a with-block; skips the test if it is not installed."""
     if shutil.which(PROMETHEUS) is None:
-        pytest.skip(f"{PROMETHEUS} is not installed")
+        pytest.fail(f"{PROMETHEUS} is missing: scripts/setup.sh installs the Debian package prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     server = PrometheusServer(config_text, workdir)
     server.start()
     try:
         yield server
     finally:
-        server.stop()
+        server.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .durations import parse_duration
@@ -284,7 +284,7 @@ def parse_route(node: Node, actions: Mapping[str, ActionConfig], declared: set[s
     )
 
 
-def parse_notifier(node: Node, index: int, http_url: object) -> NotifierConfig | None:
+def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> NotifierConfig | None:
     """One entry of `notifiers:`."""
     keys = {"type", "name", "url", "headers", "match", "match_re", "matchers", "timeout", "send_resolved"}
     m = node.mapping(keys | {"max_queue", "backoff_initial", "backoff_max"})
@@ -297,7 +297,7 @@ def parse_notifier(node: Node, index: int, http_url: object) -> NotifierConfig |
     if kind is not None and kind not in NOTIFIER_TYPES:
         m["type"].error(f"unknown notifier type {kind!r} (known: {', '.join(NOTIFIER_TYPES)})")
         kind = None
-    url = m["url"].parsed(http_url) if "url" in m else None  # type: ignore[arg-type]
+    url = m["url"].parsed(http_url) if "url" in m else None
     d = NotifierConfig(name="-", type="-", url="-")
     durations = {}
     for key in ("timeout", "backoff_initial", "backoff_max"):
@@ -316,3 +316,27 @@ def parse_notifier(node: Node, index: int, http_url: object) -> NotifierConfig |
         max_queue=queue or d.max_queue,
         **durations,
     )
+
+
+def parse_remediation(
+    top: Mapping[str, Node], http_url: Callable[[str], str]
+) -> tuple[dict[str, ActionConfig], tuple[RouteConfig, ...], tuple[NotifierConfig, ...]]:
+    """`actions`, `routes` and `notifiers` of the top-level config mapping."""
+    actions: dict[str, ActionConfig] = {}
+    declared: set[str] = set()
+    for name, node in (top["actions"].mapping() or {}).items() if "actions" in top else []:
+        declared.add(name)
+        action = parse_action(name, node)
+        if action is not None:
+            actions[name] = action
+    routes = (
+        [parse_route(item, actions, declared) for item in top["routes"].items()] if "routes" in top else []
+    )
+    notifiers: list[NotifierConfig] = []
+    for i, item in enumerate(top["notifiers"].items() if "notifiers" in top else []):
+        notifier = parse_notifier(item, i, http_url)
+        if notifier is not None and any(n.name == notifier.name for n in notifiers):
+            item.error(f"duplicate notifier name {notifier.name!r}", field=f"{item.path}.name")
+        elif notifier is not None:
+            notifiers.append(notifier)
+    return actions, tuple(r for r in routes if r is not None), tuple(notifiers)

@@ -26,7 +26,7 @@ class ActionCollector(Collector):
             "Actions by outcome (succeeded, failed, rolled_back, skipped, would_do, refused).",
             labels=["action", "target", "outcome"],
         )
-        for (action, target, outcome), n in sorted(r.counts.items()):
+        for (action, target, outcome), n in sorted(r.audit.counts.items()):
             total.add_metric([action, target, outcome], n)
         yield total
         budget = GaugeMetricFamily(

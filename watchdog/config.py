@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .actionconfig import ActionConfig, NotifierConfig, RouteConfig, parse_action, parse_notifier, parse_route
+from .actionconfig import ActionConfig, NotifierConfig, RouteConfig, parse_remediation
 from .durations import parse_duration, parse_size
 from .errors import ConfigError, Problem
 from .yamlnodes import Node, Problems, compose
@@ -361,29 +361,6 @@ TOP_LEVEL_KEYS = {
 }
 
 
-def _remediation(
-    top: dict[str, Node],
-) -> tuple[dict[str, ActionConfig], tuple[RouteConfig, ...], tuple[NotifierConfig, ...]]:
-    actions: dict[str, ActionConfig] = {}
-    declared: set[str] = set()
-    for name, node in (top["actions"].mapping() or {}).items() if "actions" in top else []:
-        declared.add(name)
-        action = parse_action(name, node)
-        if action is not None:
-            actions[name] = action
-    routes = (
-        [parse_route(item, actions, declared) for item in top["routes"].items()] if "routes" in top else []
-    )
-    notifiers: list[NotifierConfig] = []
-    for i, item in enumerate(top["notifiers"].items() if "notifiers" in top else []):
-        notifier = parse_notifier(item, i, _http_url)
-        if notifier is not None and any(n.name == notifier.name for n in notifiers):
-            item.error(f"duplicate notifier name {notifier.name!r}", field=f"{item.path}.name")
-        elif notifier is not None:
-            notifiers.append(notifier)
-    return actions, tuple(r for r in routes if r is not None), tuple(notifiers)
-
-
 def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
     """Parse config text; raise ConfigError listing every problem with file:line: field."""
     problems = Problems(source)
@@ -404,7 +381,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
             targets.append(target)
-    actions, routes, notifiers = _remediation(top)
+    actions, routes, notifiers = parse_remediation(top, _http_url)
     cfg = Config(
         source=source,
         global_=_global(top["global"]) if "global" in top else GlobalConfig(),

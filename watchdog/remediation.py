@@ -7,12 +7,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .actionconfig import ActionConfig, Budget
+from .actions.audit import Audit, Job
 from .actions.flows import FlowContext, Outcome, reconcile
-from .actions.plans import Plan, execute_plan, plan_action
+from .actions.plans import execute_plan, plan_action
 from .actions.rails import Rails, Verdict
 from .actions.readiness import ReadyCheck
 from .actions.runtime import Runtime
@@ -21,12 +21,11 @@ from .actions.state import ActionStore
 from .alerting import OutgoingAlert
 from .config import Config, TargetConfig
 from .errors import ActionError
-from .notifiers.hub import ActionEvent, NotificationHub
+from .notifiers.hub import NotificationHub
 from .router import route, target_of
 from .watchdogalerts import WatchdogAlerts
 
 log = logging.getLogger(__name__)
-SKIP_REPEAT = 600.0  # a skip for the same rail is written to the audit log at most this often
 PRUNE_EVERY = 3600.0
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 # Process mode: a child that died on its own is started again, under the same rails as any restart.
@@ -41,24 +40,6 @@ RESPAWN = ActionConfig(
     drain_timeout=0.0,
     stop_timeout=30.0,
 )
-
-
-@dataclass
-class Job:
-    """One action to run on one target."""
-
-    action: ActionConfig
-    target: TargetConfig
-    labels: Mapping[str, str]
-    trigger: str  # "alert" | "inbound" | "manual" | "supervisor" | "restore"
-    restore: bool = False
-    needed_at: float | None = None  # when the need began (the alert's start): a crash loop is a *new* need
-    done: asyncio.Future[dict[str, Any]] | None = field(default=None, repr=False)
-
-    @property
-    def key(self) -> tuple[str, bool]:
-        """Jobs with the same key merge while one waits or runs."""
-        return (self.action.name, self.restore)
 
 
 class Remediator:
@@ -91,8 +72,7 @@ class Remediator:
         self.queues: dict[str, deque[Job]] = {}
         self.current: dict[str, Job] = {}
         self.workers: dict[str, asyncio.Task[None]] = {}
-        self.counts: dict[tuple[str, str, str], int] = {}  # (action, target, outcome) -> n
-        self._last_skip: dict[tuple[str, str], tuple[str, float]] = {}
+        self.audit = Audit(store, hub, self._dry)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
 
@@ -112,7 +92,9 @@ class Remediator:
                     continue
                 target = target_of(alert.labels, self.config.targets)
                 if target is None:
-                    self._refuse(action, alert.labels, trigger, "the alert names no configured target", now)
+                    self.audit.refuse(
+                        action, alert.labels, trigger, "the alert names no configured target", now
+                    )
                     continue
                 restore_key = f"restore/{action.name}/{target.name}"
                 if alert.state == "resolved":
@@ -190,7 +172,7 @@ class Remediator:
         runtime = self.runtimes.get(target.name)
         problem = _unsupported(action, target, runtime, self.power)
         if problem:
-            return self._refuse(action, job.labels, job.trigger, problem, now, target.name)
+            return self.audit.refuse(action, job.labels, job.trigger, problem, now, target.name)
         started = await _started_at(runtime) if runtime is not None and action.disruptive else None
         verdict = self.rails.check(
             action,
@@ -207,7 +189,7 @@ class Remediator:
         if plan.skip:
             return self._skip(job, Verdict(False, plan.skip, "nothing_to_do"), now)
         if self._dry(action):
-            return self._would_do(job, plan, now)
+            return self.audit.would_do(job, plan.describe, now)
         action_id = self.store.begin(
             action.name,
             action.type,
@@ -218,10 +200,7 @@ class Remediator:
             now,
             needed_at=job.needed_at,
         )
-        self._event(job, "started", plan.describe, now, action_id)
-        log.warning(
-            "action started", extra={"action": action.name, "target": target.name, "plan": plan.describe}
-        )
+        self.audit.started(job, action_id, plan.describe, now)
         ctx = self._context(target, runtime)
         outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
         return self._finish(job, action_id, outcome)
@@ -240,115 +219,16 @@ class Remediator:
 
     def _finish(self, job: Job, action_id: int, outcome: Outcome) -> dict[str, Any]:
         now = self.clock()
-        self.store.finish(action_id, outcome.outcome, now, outcome.reason, outcome.details or None)
-        self._count(job.action.name, job.target.name, outcome.outcome)
-        self._event(job, outcome.outcome, outcome.reason, now, action_id)
-        level = logging.WARNING if outcome.outcome == "succeeded" else logging.ERROR
-        log.log(
-            level,
-            "action " + outcome.outcome,
-            extra={"action": job.action.name, "target": job.target.name, "reason": outcome.reason},
+        result = self.audit.finish(job, action_id, outcome.outcome, outcome.reason, outcome.details, now)
+        self._send(
+            self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now), now
         )
-        fired = self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now)
-        self._send(fired, now)
-        return {"outcome": outcome.outcome, "reason": outcome.reason, "action_id": action_id}
+        return result
 
     def _skip(self, job: Job, verdict: Verdict, now: float) -> dict[str, Any]:
-        key = (job.action.name, job.target.name)
-        self._count(job.action.name, job.target.name, "skipped")
-        last = self._last_skip.get(key)
-        if last is None or last[0] != verdict.rail or now - last[1] >= SKIP_REPEAT or job.trigger == "manual":
-            self._last_skip[key] = (verdict.rail, now)
-            a = job.action
-            self.store.record(
-                a.name,
-                a.type,
-                job.target.name,
-                job.trigger,
-                job.labels,
-                "skipped",
-                verdict.reason,
-                self._dry(a),
-                now,
-                needed_at=job.needed_at,
-            )
-            self._event(job, "skipped", verdict.reason, now, None)
-            log.warning(
-                "action skipped",
-                extra={
-                    "action": a.name,
-                    "target": job.target.name,
-                    "rail": verdict.rail,
-                    "reason": verdict.reason,
-                },
-            )
+        result = self.audit.skip(job, verdict.rail, verdict.reason, now)
         self._send(self.alerts.after_skip(job.action, job.target.name, verdict, now), now)
-        return {
-            "outcome": "skipped",
-            "reason": verdict.reason,
-            "rail": verdict.rail,
-            "retry_at": verdict.retry_at,
-        }
-
-    def _would_do(self, job: Job, plan: Plan, now: float) -> dict[str, Any]:
-        a = job.action
-        reason = f"dry run: would {plan.describe}"
-        self.store.record(
-            a.name,
-            a.type,
-            job.target.name,
-            job.trigger,
-            job.labels,
-            "would_do",
-            reason,
-            True,
-            now,
-            needed_at=job.needed_at,
-        )
-        self._count(a.name, job.target.name, "would_do")
-        self._event(job, "would_do", reason, now, None)
-        log.warning(
-            "dry run: action not taken",
-            extra={"action": a.name, "target": job.target.name, "would": plan.describe},
-        )
-        return {"outcome": "would_do", "reason": reason}
-
-    def _refuse(
-        self,
-        action: ActionConfig,
-        labels: Mapping[str, str],
-        trigger: str,
-        reason: str,
-        now: float,
-        target: str = "",
-    ) -> dict[str, Any]:
-        self.store.record(
-            action.name, action.type, target, trigger, labels, "refused", reason, self._dry(action), now
-        )
-        self._count(action.name, target, "refused")
-        log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
-        return {"outcome": "refused", "reason": reason}
-
-    def _count(self, action: str, target: str, outcome: str) -> None:
-        key = (action, target, outcome)
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def _event(self, job: Job, outcome: str, reason: str, now: float, action_id: int | None) -> None:
-        if self.hub is None:
-            return
-        a = job.action
-        event = ActionEvent(
-            action=a.name,
-            type=a.type,
-            target=job.target.name,
-            outcome=outcome,
-            reason=reason,
-            at=now,
-            labels=dict(job.labels),
-            dry_run=self._dry(a),
-            action_id=action_id,
-        )
-        self.hub.event(event, now)
+        return result | {"rail": verdict.rail, "retry_at": verdict.retry_at}
 
     def _send(self, alerts: list[OutgoingAlert], now: float) -> None:
         if alerts and self.hub is not None:
@@ -403,7 +283,7 @@ class Remediator:
                 ready_timeout=action.ready_timeout,
             )
             self.store.finish(record.id, outcome.outcome, self.clock(), outcome.reason)
-            self._count(record.action, record.target, outcome.outcome)
+            self.audit.count(record.action, record.target, outcome.outcome)
         for name in list(self.store.drains()):
             if name not in self.current:
                 self.store.set_drain(name, False, self.clock())

@@ -1,0 +1,146 @@
+"""The record of every decision: audit-log rows, counters, log lines and action events for webhooks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..actionconfig import ActionConfig
+from ..config import TargetConfig
+from ..notifiers.hub import ActionEvent, NotificationHub
+from .state import ActionStore
+
+log = logging.getLogger("vllm_watchdog.remediation")
+SKIP_REPEAT = 600.0  # a skip for the same rail is written to the audit log at most this often
+
+
+@dataclass
+class Job:
+    """One action to run on one target."""
+
+    action: ActionConfig
+    target: TargetConfig
+    labels: Mapping[str, str]
+    trigger: str  # "alert" | "inbound" | "manual" | "supervisor" | "restore"
+    restore: bool = False
+    needed_at: float | None = None  # when the need began (the alert's start): a crash loop is a *new* need
+    done: asyncio.Future[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        """Jobs with the same key merge while one waits or runs."""
+        return (self.action.name, self.restore)
+
+
+class Audit:
+    """Writes decisions to the audit log, counts them, logs them and tells the webhooks."""
+
+    def __init__(
+        self, store: ActionStore, hub: NotificationHub | None, dry: Callable[[ActionConfig], bool]
+    ) -> None:
+        self.store = store
+        self.hub = hub
+        self.dry = dry
+        self.counts: dict[tuple[str, str, str], int] = {}  # (action, target, outcome) -> n
+        self._last_skip: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def count(self, action: str, target: str, outcome: str) -> None:
+        """One more decision of this outcome."""
+        key = (action, target, outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _record(self, job: Job, outcome: str, reason: str, dry: bool, now: float) -> None:
+        a = job.action
+        self.store.record(
+            a.name,
+            a.type,
+            job.target.name,
+            job.trigger,
+            job.labels,
+            outcome,
+            reason,
+            dry,
+            now,
+            needed_at=job.needed_at,
+        )
+
+    def started(self, job: Job, action_id: int, plan: str, now: float) -> None:
+        """A real action began (its row was written by ActionStore.begin)."""
+        self._event(job, "started", plan, now, action_id)
+        log.warning(
+            "action started", extra={"action": job.action.name, "target": job.target.name, "plan": plan}
+        )
+
+    def finish(
+        self, job: Job, action_id: int, outcome: str, reason: str, details: Mapping[str, object], now: float
+    ) -> dict[str, Any]:
+        """A real action ended."""
+        self.store.finish(action_id, outcome, now, reason, dict(details) or None)
+        self.count(job.action.name, job.target.name, outcome)
+        self._event(job, outcome, reason, now, action_id)
+        level = logging.WARNING if outcome == "succeeded" else logging.ERROR
+        extra = {"action": job.action.name, "target": job.target.name, "reason": reason}
+        log.log(level, "action " + outcome, extra=extra)
+        return {"outcome": outcome, "reason": reason, "action_id": action_id}
+
+    def skip(self, job: Job, rail: str, reason: str, now: float) -> dict[str, Any]:
+        """A rail (or nothing to do) stopped an action; repeats of the same rail are logged sparingly."""
+        key = (job.action.name, job.target.name)
+        self.count(job.action.name, job.target.name, "skipped")
+        last = self._last_skip.get(key)
+        if last is None or last[0] != rail or now - last[1] >= SKIP_REPEAT or job.trigger == "manual":
+            self._last_skip[key] = (rail, now)
+            self._record(job, "skipped", reason, self.dry(job.action), now)
+            self._event(job, "skipped", reason, now, None)
+            extra = {"action": job.action.name, "target": job.target.name, "rail": rail, "reason": reason}
+            log.warning("action skipped", extra=extra)
+        return {"outcome": "skipped", "reason": reason}
+
+    def would_do(self, job: Job, plan: str, now: float) -> dict[str, Any]:
+        """A dry run decided the action and touched nothing."""
+        reason = f"dry run: would {plan}"
+        self._record(job, "would_do", reason, True, now)
+        self.count(job.action.name, job.target.name, "would_do")
+        self._event(job, "would_do", reason, now, None)
+        log.warning(
+            "dry run: action not taken",
+            extra={"action": job.action.name, "target": job.target.name, "would": plan},
+        )
+        return {"outcome": "would_do", "reason": reason}
+
+    def refuse(
+        self,
+        action: ActionConfig,
+        labels: Mapping[str, str],
+        trigger: str,
+        reason: str,
+        now: float,
+        target: str = "",
+    ) -> dict[str, Any]:
+        """An action the config does not allow on this target (or no target at all)."""
+        self.store.record(
+            action.name, action.type, target, trigger, labels, "refused", reason, self.dry(action), now
+        )
+        self.count(action.name, target, "refused")
+        log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
+        return {"outcome": "refused", "reason": reason}
+
+    def _event(self, job: Job, outcome: str, reason: str, now: float, action_id: int | None) -> None:
+        if self.hub is None:
+            return
+        a = job.action
+        event = ActionEvent(
+            action=a.name,
+            type=a.type,
+            target=job.target.name,
+            outcome=outcome,
+            reason=reason,
+            at=now,
+            labels=dict(job.labels),
+            dry_run=self.dry(a),
+            action_id=action_id,
+        )
+        self.hub.event(event, now)
