@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .controlapi import control_routes
+from .controlapi import check_bearer, control_routes, error_response
 from .evaluation import RuleEvaluation
 from .monitor import Monitor
 from .promql.selectors import parse_selector
@@ -22,23 +21,6 @@ from .store import is_stale
 
 MAX_SERIES = 10_000
 MAX_CONTROL_BODY = 64 * 1024
-
-
-def _error(status: int, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"status": "error", "error": message}, status_code=status, headers=headers)
-
-
-def check_bearer(request: Request, token: str | None) -> JSONResponse | None:
-    """None if the request carries the configured bearer token, else the 401/403 to send."""
-    if not token:
-        return _error(403, "control API disabled: set api_token in the config")
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="vllm-watchdog"'})
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return _error(403, "invalid bearer token")
-    return None
 
 
 def _value(v: float) -> str:
@@ -67,7 +49,7 @@ def build_app(
     async def healthz(request: Request) -> Response:
         if is_healthy():
             return JSONResponse({"status": "ok"})
-        return _error(503, "scheduler is not running")
+        return error_response(503, "scheduler is not running")
 
     async def targets(request: Request) -> Response:
         m = get_monitor()
@@ -102,14 +84,16 @@ def build_app(
     async def series(request: Request) -> Response:
         match = request.query_params.get("match") or request.query_params.get("match[]")
         if not match:
-            return _error(400, "query parameter 'match' is required, e.g. match=vllm:num_requests_waiting")
+            return error_response(
+                400, "query parameter 'match' is required, e.g. match=vllm:num_requests_waiting"
+            )
         try:
             selector = parse_selector(match)
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         found = selector.select(get_monitor().store)
         if len(found) > MAX_SERIES:
-            return _error(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
+            return error_response(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
         data = [
             {
                 "labels": dict(s.labels),
@@ -133,7 +117,7 @@ def build_app(
         if denied is not None:
             return denied
         if int(request.headers.get("content-length") or 0) > MAX_CONTROL_BODY:
-            return _error(413, f"request body over {MAX_CONTROL_BODY} bytes")
+            return error_response(413, f"request body over {MAX_CONTROL_BODY} bytes")
         ok, problems = await reload()
         if ok:
             return JSONResponse({"status": "success"})
@@ -148,6 +132,6 @@ def build_app(
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
-            *control_routes(get_remediator, lambda request: check_bearer(request, get_token()), clock),
+            *control_routes(get_remediator, get_token, clock),
         ]
     )

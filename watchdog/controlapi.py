@@ -6,6 +6,7 @@ Everything that changes state needs the bearer token (`api_token`); reading the 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -28,8 +29,24 @@ class BadRequest(ValueError):
     """A request body problem; the message names the field."""
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"status": "error", "error": message}, status_code=status)
+def error_response(status: int, message: str, **headers: str) -> JSONResponse:
+    """The JSON error body every endpoint of the own API answers with."""
+    return JSONResponse({"status": "error", "error": message}, status_code=status, headers=headers)
+
+
+def check_bearer(request: Request, token: str | None) -> JSONResponse | None:
+    """None if the request carries the configured bearer token, else the 401/403 to send."""
+    if not token:
+        return error_response(403, "control API disabled: set api_token in the config")
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return error_response(
+            401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="vllm-watchdog"'}
+        )
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return error_response(403, "invalid bearer token")
+    return None
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -136,20 +153,20 @@ def _silence_matchers(value: object) -> list[dict[str, str]]:
 
 def control_routes(
     get_remediator: Callable[[], Remediator],
-    check_token: Callable[[Request], Response | None],
+    get_token: Callable[[], str | None],
     clock: Callable[[], float],
 ) -> list[Route]:
-    """The routes; `check_token` returns the 401/403 response for a request without the bearer token."""
+    """The routes; `get_token` reads the live api_token, so a reload changes it at once."""
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def wrapper(request: Request) -> Response:
-            denied = check_token(request)
+            denied = check_bearer(request, get_token())
             if denied is not None:
                 return denied
             try:
                 result: Response = await handler(request)
             except BadRequest as exc:
-                return _error(400, str(exc))
+                return error_response(400, str(exc))
             return result
 
         return wrapper
@@ -158,7 +175,7 @@ def control_routes(
         try:
             limit = min(int(request.query_params.get("limit", "100")), 10_000)
         except ValueError:
-            return _error(400, "limit: must be an integer")
+            return error_response(400, "limit: must be an integer")
         return JSONResponse(get_remediator().status_json(clock(), limit=limit))
 
     async def pause(request: Request) -> Response:
@@ -201,7 +218,7 @@ def control_routes(
 
     async def expire_silence(request: Request) -> Response:
         if not get_remediator().store.expire_silence(request.path_params["sid"], clock()):
-            return _error(404, "no such active silence")
+            return error_response(404, "no such active silence")
         return JSONResponse({"status": "success"})
 
     async def run(request: Request) -> Response:
@@ -212,7 +229,7 @@ def control_routes(
         try:
             job = get_remediator().run_manual(request.path_params["name"], target)
         except ValueError as exc:
-            return _error(404, str(exc))
+            return error_response(404, str(exc))
         if not body.get("wait", False) or job.done is None:
             return JSONResponse({"status": "success", "queued": True}, status_code=202)
         result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
