@@ -103,7 +103,8 @@ class Remediator:
                             restore_key, {"due": now + action.restore_after, "labels": dict(alert.labels)}
                         )
                     continue
-                self.store.put(restore_key, None)  # firing again: the hold starts over when it resolves
+                if self.store.get(restore_key) is not None:  # firing again: the hold restarts at resolution
+                    self.store.put(restore_key, None)  # (only then: every write is an fsync)
                 job = Job(action, target, dict(alert.labels), trigger, needed_at=alert.starts_at or None)
                 queued += self.enqueue(job)
         return queued

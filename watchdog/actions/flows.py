@@ -40,6 +40,10 @@ class FlowContext:
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
+    async def wait_ready(self, timeout: float) -> tuple[bool, str]:
+        """Wait for /health and a canary; give up at once if the server process or container exited."""
+        return await self.ready.wait(self.target, timeout, self.runtime.is_running)
+
     def step(self, action_id: int, name: str, **details: object) -> None:
         """Record a step in the audit log and the log."""
         self.store.step(action_id, name, self.clock(), details or None)
@@ -82,7 +86,7 @@ async def restart(
         ctx.step(action_id, "start")
         await ctx.runtime.start()
         ctx.step(action_id, "wait_ready", timeout=ready_timeout)
-        ok, why = await ctx.ready.wait(ctx.target, ready_timeout, ctx.runtime.is_running)
+        ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
             return Outcome("failed", why)
         return Outcome("succeeded", "restarted and ready")
@@ -110,7 +114,7 @@ async def relaunch(
         except ActionError as exc:
             return await _roll_back(ctx, action_id, f"replace failed: {exc}", stop_timeout, ready_timeout)
         ctx.step(action_id, "wait_ready", timeout=ready_timeout)
-        ok, why = await ctx.ready.wait(ctx.target, ready_timeout, ctx.runtime.is_running)
+        ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
             return await _roll_back(ctx, action_id, why, stop_timeout, ready_timeout)
         await ctx.runtime.commit()
@@ -129,7 +133,7 @@ async def _roll_back(
     if not await ctx.runtime.has_previous():
         return Outcome("failed", f"{why}; nothing to roll back to")
     await ctx.runtime.rollback(stop_timeout)
-    ok, ready_why = await ctx.ready.wait(ctx.target, ready_timeout, ctx.runtime.is_running)
+    ok, ready_why = await ctx.wait_ready(ready_timeout)
     if not ok:
         return Outcome("failed", f"{why}; rolled back, but the old server is not ready either: {ready_why}")
     return Outcome("rolled_back", f"{why}; the old server is back and ready")
@@ -142,7 +146,7 @@ async def reconcile(
     try:
         if await ctx.runtime.has_previous():
             ctx.step(action_id, "reconcile", found="an uncommitted replacement")
-            ok, why = await ctx.ready.wait(ctx.target, ready_timeout, ctx.runtime.is_running)
+            ok, why = await ctx.wait_ready(ready_timeout)
             if ok:
                 await ctx.runtime.commit()
                 return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")
@@ -154,7 +158,7 @@ async def reconcile(
             await ctx.runtime.start()
         else:
             ctx.step(action_id, "reconcile", found="the server running")
-        ok, why = await ctx.ready.wait(ctx.target, ready_timeout, ctx.runtime.is_running)
+        ok, why = await ctx.wait_ready(ready_timeout)
         if ok:
             return Outcome("succeeded", "finished after a watchdog restart: the server is ready")
         return Outcome("failed", f"after a watchdog restart: {why}")
