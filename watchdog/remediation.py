@@ -86,11 +86,11 @@ class Remediator:
         """Route alerts: firing ones queue actions, resolved ones schedule restores; returns jobs queued."""
         queued = 0
         for alert in alerts:
-            for routed in route(self.config.routes, alert.labels):
-                action = self.config.actions.get(routed.action)
+            target = target_of(alert.labels, self.config.targets)
+            for name in route(self.config.routes, alert.labels):
+                action = self.config.actions.get(name)
                 if action is None:
                     continue
-                target = target_of(alert.labels, self.config.targets)
                 if target is None:
                     self.audit.refuse(
                         action, alert.labels, trigger, "the alert names no configured target", now

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .actionconfig import RouteConfig, matches_all
@@ -12,20 +11,12 @@ from .config import TargetConfig
 TARGET_LABELS = ("target", "instance")  # where an alert names its server, in this order
 
 
-@dataclass(frozen=True)
-class Routed:
-    """One action an alert asks for."""
-
-    action: str
-    route_line: int
-
-
-def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[Routed]:
+def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[str]:
     """Walk the routes top to bottom, as Alertmanager does: the first match stops unless it says `continue`.
 
-    An action named by several matching routes is returned once, at its first route.
+    Returns action names; one named by several matching routes is returned once, at its first route.
     """
-    out: list[Routed] = []
+    out: list[str] = []
     seen: set[str] = set()
     for r in routes:
         if not matches_all(r.matchers, labels):
@@ -33,7 +24,7 @@ def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[Rout
         for name in r.actions:
             if name not in seen:
                 seen.add(name)
-                out.append(Routed(name, r.line))
+                out.append(name)
         if not r.continue_:
             break
     return out
