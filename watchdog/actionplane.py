@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import httpx
@@ -101,11 +101,15 @@ class ActionPlane:
             return None
         return result[0].value
 
-    async def start(self) -> None:
-        """Reconcile actions a killed watchdog left in flight, then make sure process-mode children run."""
-        task = asyncio.get_running_loop().create_task(self._start(), name="actions:start")
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a coroutine in the background, holding a reference until it ends (aclose cancels it)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def start(self) -> None:
+        """Reconcile actions a killed watchdog left in flight, then make sure process-mode children run."""
+        self._spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
         try:
@@ -125,9 +129,7 @@ class ActionPlane:
         self.runtimes = self._runtimes(config, old)
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
-                task = asyncio.get_running_loop().create_task(runtime.close())
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._spawn(runtime.close(), f"actions:close:{name}")
         self.config = config
         self.hub.update(config.notifiers)
         self.remediator.apply(config, {k: v[1] for k, v in self.runtimes.items()})
