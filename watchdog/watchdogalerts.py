@@ -33,30 +33,26 @@ class WatchdogAlerts:
         self.firing: dict[tuple[str, str, str], OutgoingAlert] = {}
         self.last_sent: dict[tuple[str, str, str], float] = {}
 
-    def _alert(
-        self, name: str, action: str, target: str, now: float, reason: str, ends: float
-    ) -> OutgoingAlert:
-        return OutgoingAlert(
-            labels={
-                "alertname": name,
-                "action": action,
-                "target": target,
-                "instance": target,
-                "severity": "critical",
-            },
-            annotations={"summary": SUMMARY[name].format(action=action, target=target, reason=reason)},
-            state="firing",
-            starts_at=now,
-            ends_at=ends,
-            value=1.0,
-        )
-
     def _fire(
-        self, name: str, action: str, target: str, now: float, reason: str = "", ends: float = VALID
+        self, name: str, action: str, target: str, now: float, reason: str = "", valid_for: float = VALID
     ) -> list[OutgoingAlert]:
         key = (name, action, target)
         old = self.firing.get(key)
-        alert = self._alert(name, action, target, old.starts_at if old else now, reason, now + ends)
+        labels = {
+            "alertname": name,
+            "action": action,
+            "target": target,
+            "instance": target,
+            "severity": "critical",
+        }
+        alert = OutgoingAlert(
+            labels=labels,
+            annotations={"summary": SUMMARY[name].format(action=action, target=target, reason=reason)},
+            state="firing",
+            starts_at=old.starts_at if old else now,
+            ends_at=now + valid_for,
+            value=1.0,
+        )
         self.firing[key] = alert
         self.last_sent[key] = now
         return [alert]
@@ -82,7 +78,7 @@ class WatchdogAlerts:
     def after_outcome(
         self, action: ActionConfig, target: str, outcome: str, reason: str, now: float
     ) -> list[OutgoingAlert]:
-        """An action ended: a rollback or failure is announced once; a success ends a crash loop."""
+        """An action ended: a rollback or failure is announced once (crash loops resolve in tick)."""
         if outcome == "rolled_back":
             return self._fire(ROLLED_BACK, action.name, target, now, reason, ONE_SHOT)
         if outcome == "failed":
