@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 
+from vllm_watchdog.actions.power import PowerLimiter
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.alerting import OutgoingAlert
 from vllm_watchdog.config import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
 from vllm_watchdog.remediation import Remediator
+
+from fake_nvml import FakeNvml
 
 pytestmark = pytest.mark.anyio
 SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
@@ -312,3 +315,67 @@ async def test_reconcile_finishes_an_uncommitted_replacement_and_undrains() -> N
     rec = r.store.history()[0]
     assert rec.outcome == "succeeded" and "after a watchdog restart" in rec.reason
     assert rt.calls == ["commit"] and r.store.drains() == {}
+
+
+async def test_gpu_power_limit_caps_then_restores_after_the_hold() -> None:
+    text = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0, gpus: [0, 1]}]
+routes: [{match: {alertname: Hot}, actions: [cap]}]
+actions:
+  cap: {type: gpu_power_limit, ratio: 0.5, restore_after: 5m, startup_grace: 0s}
+"""
+    r, rt, _, hub, clock = make(text)
+    fake = FakeNvml(gpus=2)
+    fake.gpus[0].power_limit_mw = 650_000  # an operator-set limit below the default: restored exactly
+    r.power = PowerLimiter(fake)
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    assert [g.power_limit_mw for g in fake.gpus] == [350_000, 350_000]  # half the 700 W default
+    assert rt.calls == []  # not disruptive: the server is not touched
+    r.handle([alert("Hot", "resolved")], clock.t)
+    clock.t += 301
+    await r.tick(clock.t)
+    await settle(r)
+    assert [g.power_limit_mw for g in fake.gpus] == [650_000, 700_000]
+    assert [h.outcome for h in r.store.history()] == ["succeeded", "succeeded"]
+    assert [e.outcome for e in hub.events] == ["started", "succeeded", "started", "succeeded"]
+
+
+async def test_gpu_power_limit_without_nvml_or_gpus_is_refused() -> None:
+    text = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]
+routes: [{match: {alertname: Hot}, actions: [cap]}]
+actions: {cap: {type: gpu_power_limit, watts: 300, startup_grace: 0s}}
+"""
+    r, *_ = make(text)
+    r.handle([alert("Hot")], 0.0)
+    await settle(r)
+    r.power = PowerLimiter(FakeNvml(gpus=1))
+    r.handle([alert("Hot")], 1.0)
+    await settle(r)
+    reasons = [h.reason for h in r.store.history()]
+    assert [h.outcome for h in r.store.history()] == ["refused", "refused"]
+    assert "lists no gpus" in reasons[0] and "needs NVML" in reasons[1]
+
+
+async def test_a_crash_loop_stops_the_action_and_alerts() -> None:
+    text = CONFIG.replace(
+        "restart: {type: restart, cooldown: 15m, startup_grace: 0s, max_per_window: {count: 3, window: 6h}}",
+        "restart: {type: restart, cooldown: 0s, startup_grace: 0s, crash_loop_window: 10m, crash_loop_max: 2}",
+    )
+    r, rt, _, hub, clock = make(text)
+    for _ in range(4):  # a new need each time, right after each successful restart
+        clock.t += 60
+        r.handle(
+            [OutgoingAlert({"alertname": "Hung", "instance": "vllm-0"}, {}, "firing", clock.t, 0.0, 1.0)],
+            clock.t,
+        )
+        await settle(r)
+    assert rt.calls == ["stop", "start", "stop", "start"]  # two restarts, then no more
+    assert [h.outcome for h in r.store.history()] == [
+        "skipped",
+        "succeeded",
+        "succeeded",
+    ]  # repeats logged once
+    assert "crash loop" in r.store.history()[0].reason
+    assert any(a.labels["alertname"] == "VLLMWatchdogCrashLoop" and a.state == "firing" for a in hub.sent)
