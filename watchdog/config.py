@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from .actionconfig import ActionConfig, NotifierConfig, RouteConfig, parse_remediation
 from .durations import parse_duration, parse_size
 from .errors import ConfigError, Problem
+from .gateway.config import GatewayConfig, parse_gateway
 from .yamlnodes import Node, Problems, compose
 
 BUNDLED_PREFIX = "bundled:"
@@ -123,6 +124,7 @@ class Config:
     actions: Mapping[str, ActionConfig] = field(default_factory=dict)
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
+    gateway: GatewayConfig | None = None  # None: no admission gateway
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -358,6 +360,7 @@ TOP_LEVEL_KEYS = {
     "actions",
     "notifiers",
     "dry_run",
+    "gateway",
 }
 
 
@@ -382,6 +385,13 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         elif target is not None:
             targets.append(target)
     actions, routes, notifiers = parse_remediation(top, _http_url)
+    gateway = (
+        parse_gateway(
+            top["gateway"], {t.name: t.url for t in targets}, parse_listen, listen or ("127.0.0.1", 9460)
+        )
+        if "gateway" in top
+        else None
+    )
     cfg = Config(
         source=source,
         global_=_global(top["global"]) if "global" in top else GlobalConfig(),
@@ -397,6 +407,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         actions=actions,
         notifiers=notifiers,
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
+        gateway=gateway,
     )
     if problems.items:
         raise ConfigError(problems.items, rule_files=cfg.rule_files)

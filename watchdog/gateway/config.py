@@ -1,0 +1,221 @@
+"""The `gateway:` section of the config, parsed into frozen dataclasses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from ..durations import parse_duration, parse_size
+from ..yamlnodes import Node
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PriorityConfig:
+    """Priority classes, highest first; a request's class comes from a header or its API key."""
+
+    header: str = "X-Priority"
+    classes: tuple[str, ...] = ("interactive", "batch")
+    default: str = "interactive"
+    api_keys: Mapping[str, str] = field(default_factory=dict)  # API key -> class
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Per-session limits; the key comes from `header`, then the body's `user`, then the API key."""
+
+    header: str = "X-Session-ID"
+    rate: float | None = None  # token-bucket refill in requests/s; None: no rate limit
+    burst: int = 20  # token-bucket capacity
+    max_in_flight: int | None = None  # per-session concurrency cap (admitted and not finished); None: none
+    breaker_duration: float = 300.0  # how long throttle_session keeps a breaker open unless it says otherwise
+    max_sessions: int = 10_000  # sessions remembered (least recently seen dropped first)
+    top_k: int = 10  # sessions exported by name; the rest are summed into session="other"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The gateway in front of one target: where it listens, what it admits and how long things may take."""
+
+    target: str  # the target's name
+    upstream: str  # the target's base URL, e.g. http://127.0.0.1:8000
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080  # vLLM itself usually has 8000
+    max_body: int = 16 * MiB
+    max_in_flight: int = 64  # global cap on forwarded requests; the ceiling the throttle works below
+    max_queue: int = 256  # requests waiting for a slot, all classes together
+    max_queue_time: float = 30.0  # longest wait for a slot before 429
+    drain_mode: str = "hold"  # while drained: "hold" new requests until undrained, or "reject" with 503
+    drain_max_wait: float = 300.0  # hold mode: longest wait through a drain before 503
+    connect_timeout: float = 5.0  # upstream connect; beyond it 502
+    read_timeout: float = 600.0  # upstream silence between bytes; beyond it 504
+    client_timeout: float = 30.0  # a client must send its headers and whole body within this (slowloris)
+    keepalive_timeout: float = 75.0  # idle client connections close after this
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
+
+
+_KEYS = {
+    "listen",
+    "target",
+    "max_body",
+    "max_in_flight",
+    "max_queue",
+    "max_queue_time",
+    "drain_mode",
+    "drain_max_wait",
+    "connect_timeout",
+    "read_timeout",
+    "client_timeout",
+    "keepalive_timeout",
+    "priority",
+    "sessions",
+}
+_DURATIONS = (
+    "max_queue_time",
+    "drain_max_wait",
+    "connect_timeout",
+    "read_timeout",
+    "client_timeout",
+    "keepalive_timeout",
+)
+_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC 9110)
+
+
+def parse_gateway(
+    node: Node,
+    targets: Mapping[str, str],
+    parse_listen: Callable[[str], tuple[str, int]],
+    own_listen: tuple[str, int],
+) -> GatewayConfig | None:
+    """The `gateway:` mapping; `targets` maps target names to their URLs, `own_listen` is the own API's."""
+    m = node.mapping(_KEYS)
+    if m is None:
+        return None
+    d = GatewayConfig(target="-", upstream="-")
+    listen = m["listen"].parsed(parse_listen) if "listen" in m else None
+    _check_listen(m.get("listen", node), listen or (d.listen_host, d.listen_port), own_listen)
+    name = m["target"].string() if "target" in m else None
+    if name is None and "target" not in m:
+        if len(targets) == 1:
+            name = next(iter(targets))
+        else:
+            node.error("is required when there is not exactly one target", field=f"{node.path}.target")
+    if name is not None and name not in targets:
+        m["target"].error(f"unknown target {name!r} (configured: {', '.join(sorted(targets)) or 'none'})")
+        name = None
+    if name is not None:
+        upstream = urlsplit(targets[name])
+        if (upstream.hostname, upstream.port) == (listen or (d.listen_host, d.listen_port)):
+            (m.get("listen", node)).error(
+                f"is the address of its own target {name!r}: the gateway would forward to itself"
+            )
+    values: dict[str, object] = {}
+    for key in _DURATIONS:
+        if key in m:
+            value = m[key].parsed(parse_duration)
+            if value == 0:
+                m[key].error("must be greater than 0")
+            elif value is not None:
+                values[key] = value
+    if "max_body" in m:
+        size = m["max_body"].parsed(parse_size)
+        if size is not None:
+            values["max_body"] = size
+    for key in ("max_in_flight", "max_queue"):
+        if key in m:
+            number = m[key].integer(minimum=1 if key == "max_in_flight" else 0)
+            if number is not None:
+                values[key] = number
+    if "drain_mode" in m:
+        mode = m["drain_mode"].string()
+        if mode not in (None, "hold", "reject"):
+            m["drain_mode"].error(f"must be hold or reject, got {mode!r}")
+        elif mode is not None:
+            values["drain_mode"] = mode
+    priority = _priority(m["priority"]) if "priority" in m else d.priority
+    sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
+    if name is None:
+        return None
+    return GatewayConfig(
+        target=name,
+        upstream=targets[name].rstrip("/"),
+        listen_host=listen[0] if listen else d.listen_host,
+        listen_port=listen[1] if listen else d.listen_port,
+        priority=priority,
+        sessions=sessions,
+        **values,  # type: ignore[arg-type]
+    )
+
+
+def _check_listen(node: Node, listen: tuple[str, int], own_listen: tuple[str, int]) -> None:
+    if listen == own_listen:
+        node.error("must differ from `listen`, where the own API is served")
+
+
+def _header(node: Node) -> str | None:
+    text = node.string()
+    if text is not None and not _HEADER.match(text):
+        node.error(f"must be an HTTP header name, got {text!r}")
+        return None
+    return text
+
+
+def _priority(node: Node) -> PriorityConfig:
+    d = PriorityConfig()
+    m = node.mapping({"header", "classes", "default", "api_keys"})
+    if m is None:
+        return d
+    classes = tuple(m["classes"].string_list() or ()) if "classes" in m else d.classes
+    if "classes" in m and not classes:
+        m["classes"].error("must list at least one class, highest first")
+        classes = d.classes
+    if len(set(classes)) != len(classes):
+        m["classes"].error("classes must be distinct")
+    default = (m["default"].string() or classes[0]) if "default" in m else classes[0]
+    if default not in classes:
+        m["default"].error(f"must be one of the classes ({', '.join(classes)})")
+        default = classes[0]
+    keys = (m["api_keys"].string_map() or {}) if "api_keys" in m else {}
+    for cls in keys.values():
+        if cls not in classes:
+            m["api_keys"].error(f"an API key maps to unknown class {cls!r} (classes: {', '.join(classes)})")
+    header = _header(m["header"]) if "header" in m else None
+    return PriorityConfig(
+        header=header or d.header,
+        classes=classes,
+        default=default,
+        api_keys={k: v for k, v in keys.items() if v in classes},
+    )
+
+
+def _sessions(node: Node) -> SessionConfig:
+    d = SessionConfig()
+    keys = {"header", "rate", "burst", "max_in_flight", "breaker_duration", "max_sessions", "top_k"}
+    m = node.mapping(keys)
+    if m is None:
+        return d
+    rate = m["rate"].number() if "rate" in m and not m["rate"].is_null() else None
+    if rate is not None and rate <= 0:
+        m["rate"].error("must be greater than 0 (leave it out for no rate limit)")
+        rate = None
+    cap = (
+        m["max_in_flight"].integer(minimum=1)
+        if "max_in_flight" in m and not m["max_in_flight"].is_null()
+        else None
+    )
+    ints = {}
+    for key in ("burst", "max_sessions", "top_k"):
+        ints[key] = (m[key].integer(minimum=1) if key in m else None) or getattr(d, key)
+    breaker = m["breaker_duration"].parsed(parse_duration) if "breaker_duration" in m else None
+    header = _header(m["header"]) if "header" in m else None
+    return SessionConfig(
+        header=header or d.header,
+        rate=rate,
+        max_in_flight=cap,
+        breaker_duration=breaker or d.breaker_duration,
+        **ints,
+    )
