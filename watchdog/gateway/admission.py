@@ -1,0 +1,463 @@
+"""Admission control: a global concurrency limit with a priority queue, session limits, breakers and drains.
+
+Not thread-safe: every method runs on the gateway's event loop.
+
+Invariant: after every change of state, waiters are granted slots while slots are free and someone eligible
+waits (a waiter whose session is at its cap is not eligible). So a free slot seen by a newcomer means nobody
+waiting could use it, and the newcomer takes it without looking at the queue (the fast path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import median
+
+from .config import GatewayConfig
+from .histogram import Histogram
+from .sessions import SessionLimits
+from .snapshot import GateSnapshot
+
+REASONS = (
+    "queue_full",
+    "queue_timeout",
+    "session_rate",
+    "session_concurrency",
+    "session_breaker",
+    "draining",
+    "drain_timeout",
+)
+RECENT_WINDOW = 60.0  # seconds of admissions recent_queue_time() looks at
+RECENT_SAMPLES = 256
+DRAIN_RETRY_AFTER = 5.0  # a drain is a restart or maintenance: retrying within seconds is pointless
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request the gate turned away; the proxy answers it with `status` and Retry-After."""
+
+    status: int  # 429 for limits, 503 for draining
+    reason: str  # one of REASONS
+    message: str  # one human sentence for the JSON error body
+    retry_after: float  # seconds (> 0); the proxy sends ceil() in Retry-After
+
+
+class Ticket:
+    """An admitted request; release() exactly once when the response is done (idempotent)."""
+
+    __slots__ = ("_gate", "admitted_at", "priority", "queued_seconds", "released", "session")
+
+    def __init__(
+        self, gate: Gate, session: str | None, priority: str, admitted_at: float, queued_seconds: float
+    ) -> None:
+        self._gate = gate
+        self.session = session
+        self.priority = priority
+        self.admitted_at = admitted_at  # monotonic
+        self.queued_seconds = queued_seconds
+        self.released = False
+
+    def release(self) -> None:
+        """Free the request's slots; later calls do nothing."""
+        if not self.released:
+            self.released = True
+            self._gate._release(self)
+
+    def __repr__(self) -> str:
+        return f"Ticket(session={self.session!r}, priority={self.priority!r}, released={self.released})"
+
+
+class _Waiter:
+    __slots__ = ("arrived", "future", "held", "priority", "queued", "rank", "session", "timer")
+
+    def __init__(
+        self,
+        session: str | None,
+        priority: str,
+        rank: int,
+        arrived: float,
+        future: asyncio.Future[Ticket | Rejection],
+    ) -> None:
+        self.session = session
+        self.priority = priority
+        self.rank = rank
+        self.arrived = arrived
+        self.future = future
+        self.queued = True
+        self.held = False  # its timer is the drain timer
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.3g} s"
+
+
+class Gate:
+    """Decides, per request, admit now / wait in the priority queue / reject."""
+
+    def __init__(self, config: GatewayConfig, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._sessions = SessionLimits(config.sessions, monotonic=monotonic)
+        self._ceiling = max(1, config.max_in_flight)
+        self._limit = self._ceiling
+        self._throttled = False  # set_limit() put the limit below the ceiling
+        self._in_flight = 0
+        self._tickets: dict[Ticket, None] = {}  # in admission order: the first is the oldest
+        self._waiting = 0
+        self._draining = False
+        self._breakers: dict[str, tuple[float, str]] = {}
+        self._admitted: dict[str, int] = {}
+        self._rejected: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self._queue_time = Histogram()
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_SAMPLES)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._classes: tuple[str, ...] = ()
+        self._queues: list[deque[_Waiter]] = []
+        self._configure(config)
+
+    def _configure(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._max_queue = max(0, config.max_queue)
+        self._max_queue_time = config.max_queue_time
+        self._drain_reject = config.drain_mode == "reject"
+        self._drain_max_wait = config.drain_max_wait
+        classes = config.priority.classes or (config.priority.default,)
+        self._default = config.priority.default if config.priority.default in classes else classes[-1]
+        if classes != self._classes:
+            waiters = sorted((w for q in self._queues for w in q), key=lambda w: w.arrived)
+            self._classes = classes
+            self._rank = {cls: i for i, cls in enumerate(classes)}
+            self._queues = [deque() for _ in classes]
+            for w in waiters:
+                if w.priority not in self._rank:
+                    w.priority = self._default
+                w.rank = self._rank[w.priority]
+                self._queues[w.rank].append(w)
+        for cls in classes:
+            self._admitted.setdefault(cls, 0)
+
+    # -- properties ------------------------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        """The current cap on requests in flight (the throttle moves it within [1, ceiling])."""
+        return self._limit
+
+    @property
+    def ceiling(self) -> int:
+        """The configured cap (max_in_flight)."""
+        return self._ceiling
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet released."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in the queue (drain holds included)."""
+        return self._waiting
+
+    @property
+    def draining(self) -> bool:
+        """Whether admission is stopped for a drain."""
+        return self._draining
+
+    # -- admission -------------------------------------------------------------------------------------------
+
+    async def admit(self, session: str | None, priority: str) -> Ticket | Rejection:
+        """Admit the request now, after waiting in the queue, or reject it."""
+        now = self._monotonic()
+        rank = self._rank.get(priority)
+        if rank is None:
+            priority = self._default
+            rank = self._rank[priority]
+        if session is not None:
+            if self._breakers:
+                rejection = self._breaker_rejection(session, now)
+                if rejection is not None:
+                    return rejection
+            wait = self._sessions.take(session)
+            if wait > 0.0:
+                return self._reject(
+                    429,
+                    "session_rate",
+                    f"This session is over its rate of {self._sessions_rate()} requests/s; "
+                    f"retry after {_seconds(wait)}.",
+                    wait,
+                )
+        if self._draining:
+            if self._drain_reject:
+                return self._drain_rejection()
+        elif self._in_flight < self._limit and (session is None or self._sessions.has_room(session)):
+            return self._grant(session, priority, now, 0.0)
+        return await self._wait(session, priority, rank, now)
+
+    async def _wait(self, session: str | None, priority: str, rank: int, now: float) -> Ticket | Rejection:
+        if self._waiting >= self._max_queue and not self._shed_below(rank):
+            return self._reject(
+                429,
+                "queue_full",
+                f"The gateway is at capacity with {self._waiting} requests already waiting; retry shortly.",
+                self._queue_retry_after(),
+            )
+        loop = self._loop = asyncio.get_running_loop()
+        waiter = _Waiter(session, priority, rank, now, loop.create_future())
+        self._queues[rank].append(waiter)
+        self._waiting += 1
+        self._arm(waiter, loop)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            # The client went away. Either we are still queued (leave the queue) or a slot was granted in the
+            # same loop iteration as the cancellation (give it back).
+            if waiter.future.cancelled() or not waiter.future.done():
+                self._unqueue(waiter)
+            else:
+                result = waiter.future.result()
+                if isinstance(result, Ticket):
+                    result.release()
+            raise
+
+    def _arm(self, waiter: _Waiter, loop: asyncio.AbstractEventLoop) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        waiter.held = self._draining
+        timeout = self._drain_max_wait if self._draining else self._max_queue_time
+        waiter.timer = loop.call_later(max(0.0, timeout), self._expire, waiter)
+
+    def _unqueue(self, waiter: _Waiter) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        if not waiter.queued:
+            return
+        waiter.queued = False
+        queue = self._queues[waiter.rank]
+        if queue and queue[0] is waiter:
+            queue.popleft()
+        else:
+            queue.remove(waiter)
+        self._waiting -= 1
+
+    def _finish(self, waiter: _Waiter, result: Ticket | Rejection) -> None:
+        self._unqueue(waiter)
+        if not waiter.future.done():
+            waiter.future.set_result(result)
+        elif isinstance(result, Ticket):
+            result.release()  # _pick() skips finished futures; never leak a slot all the same
+
+    def _expire(self, waiter: _Waiter) -> None:
+        waiter.timer = None
+        if not waiter.queued or waiter.future.done():
+            return
+        retry = self._queue_retry_after()
+        if waiter.held:
+            self._finish(waiter, self._drain_timeout_rejection())
+        elif waiter.session is not None and not self._sessions.has_room(waiter.session):
+            cap = self._sessions.max_in_flight
+            msg = (
+                f"This session already has {cap} requests in flight and none finished within "
+                f"{_seconds(self._max_queue_time)}; wait for one to finish."
+            )
+            self._finish(waiter, self._reject(429, "session_concurrency", msg, retry))
+        else:
+            msg = f"No capacity freed up within {_seconds(self._max_queue_time)}; retry shortly."
+            self._finish(waiter, self._reject(429, "queue_timeout", msg, retry))
+
+    def _shed_below(self, rank: int) -> bool:
+        """Make room for a request of `rank` by rejecting the newest waiter of the lowest lower class."""
+        for lower in range(len(self._queues) - 1, rank, -1):
+            queue = self._queues[lower]
+            if queue:
+                victim = queue[-1]
+                msg = "The gateway queue is full and higher-priority requests arrived; retry shortly."
+                self._finish(victim, self._reject(429, "queue_full", msg, self._queue_retry_after()))
+                return True
+        return False
+
+    def _pick(self) -> _Waiter | None:
+        """The first eligible waiter of the highest class (sessions at their cap are skipped)."""
+        sessions = self._sessions
+        for queue in self._queues:
+            while queue and queue[0].future.done():  # cancelled, its task has not run yet
+                self._unqueue(queue[0])
+            for waiter in queue:
+                if waiter.future.done():
+                    continue
+                if waiter.session is None or sessions.has_room(waiter.session):
+                    return waiter
+        return None
+
+    def _dispatch(self) -> None:
+        if self._draining:
+            return
+        now: float | None = None
+        while self._waiting and self._in_flight < self._limit:
+            waiter = self._pick()
+            if waiter is None:
+                return
+            if now is None:
+                now = self._monotonic()
+            ticket = self._grant(waiter.session, waiter.priority, now, max(0.0, now - waiter.arrived))
+            self._finish(waiter, ticket)
+
+    def _grant(self, session: str | None, priority: str, now: float, queued: float) -> Ticket:
+        ticket = Ticket(self, session, priority, now, queued)
+        self._in_flight += 1
+        self._tickets[ticket] = None
+        if session is not None:
+            self._sessions.acquire(session)
+        self._admitted[priority] = self._admitted.get(priority, 0) + 1
+        self._queue_time.observe(queued)
+        self._recent.append((now, queued))
+        return ticket
+
+    def _release(self, ticket: Ticket) -> None:
+        """Ticket.release() calls this once per ticket."""
+        if ticket not in self._tickets:
+            return  # not one of ours (or already released)
+        del self._tickets[ticket]
+        self._in_flight -= 1
+        if ticket.session is not None:
+            self._sessions.release(ticket.session)
+        if self._waiting:
+            self._dispatch()
+
+    # -- rejections ------------------------------------------------------------------------------------------
+
+    def _reject(self, status: int, reason: str, message: str, retry_after: float) -> Rejection:
+        self._rejected[reason] = self._rejected.get(reason, 0) + 1
+        return Rejection(status, reason, message, max(retry_after, 1e-3))
+
+    def _sessions_rate(self) -> str:
+        rate = self._config.sessions.rate
+        return "?" if rate is None else f"{rate:g}"
+
+    def _queue_retry_after(self) -> float:
+        recent = self.recent_queue_time()
+        return max(1.0, min(recent if recent is not None else 1.0, self._max_queue_time))
+
+    def _drain_rejection(self) -> Rejection:
+        msg = "The model server is drained for a restart or maintenance; retry in a few seconds."
+        return self._reject(503, "draining", msg, DRAIN_RETRY_AFTER)
+
+    def _drain_timeout_rejection(self) -> Rejection:
+        msg = (
+            f"The model server stayed drained for more than {_seconds(self._drain_max_wait)}; "
+            "retry in a few seconds."
+        )
+        return self._reject(503, "drain_timeout", msg, DRAIN_RETRY_AFTER)
+
+    def _breaker_rejection(self, session: str, now: float) -> Rejection | None:
+        breaker = self._breakers.get(session)
+        if breaker is None:
+            return None
+        until, why = breaker
+        if until <= now:
+            del self._breakers[session]
+            return None
+        left = until - now
+        msg = f"Requests of this session are paused for another {_seconds(left)} ({why}); retry after that."
+        return self._reject(429, "session_breaker", msg, left)
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def set_limit(self, limit: int) -> None:
+        """Set the in-flight cap, clamped to [1, ceiling]; raising it admits waiters at once."""
+        self._limit = min(max(1, int(limit)), self._ceiling)
+        self._throttled = self._limit < self._ceiling
+        self._dispatch()
+
+    def set_drain(self, drained: bool) -> None:
+        """Stop (hold or reject) or resume admission; requests in flight are not touched."""
+        if drained == self._draining:
+            return
+        self._draining = drained
+        if drained and self._drain_reject:
+            self._reject_all_waiters()
+            return
+        # Held waiters get the drain timer; after a drain everyone gets a fresh max_queue_time.
+        self._rearm_all()
+        self._dispatch()
+
+    def _rearm_all(self) -> None:
+        if self._loop is None:
+            return
+        for queue in self._queues:
+            for waiter in queue:
+                if not waiter.future.done():
+                    self._arm(waiter, self._loop)
+
+    def _reject_all_waiters(self) -> None:
+        for queue in self._queues:
+            for waiter in list(queue):
+                self._finish(waiter, self._drain_rejection())
+
+    def open_breaker(self, session: str, until: float, reason: str) -> None:
+        """Reject the session's requests until `until` (monotonic); its queued requests are rejected now."""
+        self._breakers[session] = (until, reason)
+        now = self._monotonic()
+        if until <= now or not self._waiting:
+            return
+        for queue in self._queues:
+            for waiter in [w for w in queue if w.session == session]:
+                rejection = self._breaker_rejection(session, now)
+                if rejection is not None:
+                    self._finish(waiter, rejection)
+
+    def close_breaker(self, session: str) -> None:
+        """Admit the session's requests again."""
+        self._breakers.pop(session, None)
+
+    def breakers(self) -> dict[str, tuple[float, str]]:
+        """Open breakers: session -> (until, reason); expired ones are dropped."""
+        now = self._monotonic()
+        for session in [s for s, (until, _) in self._breakers.items() if until <= now]:
+            del self._breakers[session]
+        return dict(self._breakers)
+
+    def apply(self, config: GatewayConfig) -> None:
+        """Take a reloaded config: new ceiling (an unthrottled limit follows it), queue and session limits."""
+        self._ceiling = max(1, config.max_in_flight)
+        self._limit = min(self._limit, self._ceiling) if self._throttled else self._ceiling
+        was_reject = self._drain_reject
+        self._configure(config)
+        self._sessions.apply(config.sessions)
+        if self._draining and self._drain_reject and not was_reject:
+            self._reject_all_waiters()
+        self._dispatch()
+
+    # -- observation -----------------------------------------------------------------------------------------
+
+    def recent_queue_time(self) -> float | None:
+        """Median queue time (seconds) of the admissions of the last minute; None if there were none."""
+        if not self._recent:
+            return None
+        horizon = self._monotonic() - RECENT_WINDOW
+        while self._recent and self._recent[0][0] < horizon:
+            self._recent.popleft()
+        if not self._recent:
+            return None
+        return float(median(q for _, q in self._recent))
+
+    def snapshot(self) -> GateSnapshot:
+        """Admission state now."""
+        now = self._monotonic()
+        oldest = next(iter(self._tickets), None)
+        return GateSnapshot(
+            limit=self._limit,
+            ceiling=self._ceiling,
+            in_flight=self._in_flight,
+            queued={cls: len(q) for cls, q in zip(self._classes, self._queues, strict=True)},
+            oldest_in_flight_age=max(0.0, now - oldest.admitted_at) if oldest is not None else 0.0,
+            draining=self._draining,
+            admitted_total=dict(self._admitted),
+            rejected_total=dict(self._rejected),
+            queue_time=self._queue_time.snapshot(),
+            breakers_open=tuple(sorted(self.breakers())),
+            session_in_flight=self._sessions.in_flight_by_session(),
+        )
