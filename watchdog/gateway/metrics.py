@@ -1,0 +1,180 @@
+"""The gateway's metrics (admission, forwarding, per-session signals), built from a snapshot when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .snapshot import GatewaySnapshot, HistogramSnapshot, SessionStats
+
+_PREFIX = "vllm_watchdog_gateway_"
+
+
+class GatewayCollector(Collector):
+    """Families built from the gateway's snapshot at scrape time; nothing while there is no snapshot."""
+
+    def __init__(self, snapshot: Callable[[], GatewaySnapshot | None]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        """Build every family."""
+        snap = self.snapshot()
+        if snap is not None:
+            yield from families(snap)
+
+
+def families(snap: GatewaySnapshot) -> list[Metric]:
+    """Every family of one snapshot; each series has the label target=<snap.target>."""
+    t = snap.target
+    g, p = snap.gate, snap.proxy
+    out: list[Metric] = [
+        _gauge("limit", "Current cap on in-flight requests (throttled or not).", t, g.limit),
+        _gauge("limit_ceiling", "Configured cap on in-flight requests.", t, g.ceiling),
+        _gauge("in_flight", "Requests admitted and not yet finished.", t, g.in_flight),
+        _by("queue_length", "Requests waiting for a slot, by priority class.", t, "priority", g.queued),
+        _gauge(
+            "oldest_in_flight_seconds",
+            "Age of the oldest in-flight request (0 if none).",
+            t,
+            g.oldest_in_flight_age,
+        ),
+        _gauge(
+            "draining", "1 while the gateway holds or rejects new requests for a drain.", t, int(g.draining)
+        ),
+        _by(
+            "admitted", "Requests admitted, by priority class.", t, "priority", g.admitted_total, counter=True
+        ),
+        _by("rejected", "Requests rejected, by reason.", t, "reason", g.rejected_total, counter=True),
+        _by(
+            "responses",
+            "Responses sent to clients, by status code.",
+            t,
+            "code",
+            p.responses_total,
+            counter=True,
+        ),
+        _by(
+            "upstream_errors",
+            "Forwarding failures (connect, timeout, protocol, client_disconnect).",
+            t,
+            "kind",
+            p.upstream_errors_total,
+            counter=True,
+        ),
+        _counter(
+            "body_too_large", "Requests refused with 413 (body over max_body).", t, p.body_too_large_total
+        ),
+        _counter(
+            "client_timeouts",
+            "Clients cut off for not sending their request in time.",
+            t,
+            p.client_timeouts_total,
+        ),
+        _histogram(
+            "queue_time_seconds", "Time from arrival to admission (admitted requests).", t, g.queue_time
+        ),
+        _histogram(
+            "time_to_first_byte_seconds", "Time from admission to the first upstream byte.", t, p.ttfb
+        ),
+    ]
+    out += _session_families(t, snap.sessions)
+    out.append(_gauge("sessions_tracked", "Sessions the gateway remembers.", t, snap.sessions_tracked))
+    return out
+
+
+def _session_families(target: str, rows: tuple[SessionStats, ...]) -> list[Metric]:
+    labels = ["target", "session"]
+    counters: list[tuple[str, str, Callable[[SessionStats], int]]] = [
+        (
+            "requests",
+            "Requests started, by session (the top sessions by traffic, the rest as other).",
+            lambda r: r.requests_total,
+        ),
+        (
+            "prompt_tokens",
+            "Prompt tokens reported in usage, by session.",
+            lambda r: r.prompt_tokens_total,
+        ),
+        (
+            "completion_tokens",
+            "Completion tokens reported in usage, by session.",
+            lambda r: r.completion_tokens_total,
+        ),
+        (
+            "cached_tokens",
+            "Prompt tokens served from the prefix cache, by session.",
+            lambda r: r.cached_tokens_total,
+        ),
+    ]
+    gauges: list[tuple[str, str, Callable[[SessionStats], float | None]]] = [
+        ("in_flight", "Requests in flight, by session.", lambda r: r.in_flight),
+        (
+            "prefix_cache_hit_ratio",
+            "Cached over prompt tokens across the session's recent requests.",
+            lambda r: r.prefix_cache_hit_ratio,
+        ),
+        (
+            "context_growth_tokens",
+            "Mean growth of prompt_tokens per step across the session's recent requests.",
+            lambda r: r.context_growth_tokens,
+        ),
+        (
+            "tool_call_repeats",
+            "Most times one tool call (name and arguments) recurs among the session's recent ones.",
+            lambda r: r.tool_call_repeats,
+        ),
+        (
+            "breaker_open",
+            "1 while the session's breaker rejects its requests.",
+            lambda r: int(r.breaker_open),
+        ),
+    ]
+    out: list[Metric] = []
+    for name, doc, count in counters:
+        c = CounterMetricFamily(_PREFIX + "session_" + name, doc, labels=labels)
+        for row in rows:
+            c.add_metric([target, row.session], count(row))
+        out.append(c)
+    for name, doc, read in gauges:
+        g = GaugeMetricFamily(_PREFIX + "session_" + name, doc, labels=labels)
+        for row in rows:
+            value = read(row)
+            if value is not None:
+                g.add_metric([target, row.session], value)
+        out.append(g)
+    return out
+
+
+def _gauge(name: str, doc: str, target: str, value: float) -> Metric:
+    g = GaugeMetricFamily(_PREFIX + name, doc, labels=["target"])
+    g.add_metric([target], value)
+    return g
+
+
+def _counter(name: str, doc: str, target: str, value: float) -> Metric:
+    c = CounterMetricFamily(_PREFIX + name, doc, labels=["target"])
+    c.add_metric([target], value)
+    return c
+
+
+def _by(
+    name: str, doc: str, target: str, label: str, values: Mapping[str, int], *, counter: bool = False
+) -> Metric:
+    family: GaugeMetricFamily | CounterMetricFamily
+    if counter:
+        family = CounterMetricFamily(_PREFIX + name, doc, labels=["target", label])
+    else:
+        family = GaugeMetricFamily(_PREFIX + name, doc, labels=["target", label])
+    for key, value in sorted(values.items(), key=lambda kv: str(kv[0])):
+        family.add_metric([target, str(key)], value)
+    return family
+
+
+def _histogram(name: str, doc: str, target: str, h: HistogramSnapshot) -> Metric:
+    family = HistogramMetricFamily(_PREFIX + name, doc, labels=["target"])
+    buckets = [(repr(float(le)), float(n)) for le, n in zip(h.bounds, h.cumulative, strict=False)]
+    buckets.append(("+Inf", float(h.count)))
+    family.add_metric([target], buckets, h.sum)
+    return family
