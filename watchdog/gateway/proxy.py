@@ -1,0 +1,391 @@
+"""The gateway's raw ASGI app: admission for inference requests, then a transparent streaming pass-through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiohttp
+from starlette.types import Receive, Scope, Send
+from yarl import URL
+
+from .admission import Gate, Rejection, Ticket
+from .config import GatewayConfig
+from .histogram import Histogram
+from .sessions import api_key_of, priority_of, session_key
+from .signals import OPENAI_PATHS, RequestTrace, SessionSignals, parse_json_body
+from .snapshot import ProxySnapshot
+
+# RFC 9110 7.6.1: for one connection only, never forwarded (nor Proxy-*, nor what Connection names).
+HOP_BY_HOP = frozenset(
+    (b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"proxy-connection")
+)
+# Request headers the gateway sets itself: Host is the upstream's; the body is re-framed with its own
+# Content-Length; the client's Expect: 100-continue was already answered by our server.
+_REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+# What uvicorn refuses to write in a header value (CR, LF and NUL among them); such a header is dropped.
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_JSON = [(b"content-type", b"application/json")]
+log = logging.getLogger(__name__)
+# Close a keep-alive upstream connection before vLLM's uvicorn does (5 s), so a request never races its close.
+UPSTREAM_KEEPALIVE = 4.0
+
+
+def error_body(message: str, kind: str, code: str) -> bytes:
+    """An OpenAI-shaped JSON error."""
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+async def send_error(
+    send: Send, status: int, body: bytes, extra: Iterable[tuple[bytes, bytes]] = (), close: bool = False
+) -> None:
+    """A complete JSON error response; `close` ends the connection (the request body was not read)."""
+    headers = [*_JSON, (b"content-length", b"%d" % len(body)), *extra]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Interrupt:
+    """Cancels the request's task when the client disconnects or a deadline passes, and says which."""
+
+    __slots__ = ("_active", "_task", "_timer", "_watcher", "reason")
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._active = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._watcher: asyncio.Task[Any] | None = None
+        self.reason = ""
+
+    def deadline(self, delay: float) -> None:
+        """Interrupt with reason "timeout" after `delay` seconds unless clear_deadline() comes first."""
+        self._timer = self._task.get_loop().call_later(delay, self._fire, "timeout")
+
+    def clear_deadline(self) -> None:
+        """Drop the deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def watch(self, receive: Receive) -> None:
+        """After the request body is read, any further ASGI message means the client went away."""
+        self._watcher = asyncio.ensure_future(receive())
+        self._watcher.add_done_callback(self._on_message)
+
+    def _on_message(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self._fire("disconnect")
+
+    def _fire(self, reason: str) -> None:
+        if self._active and not self.reason:
+            self.reason = reason
+            self._task.cancel()
+
+    def absorb(self) -> bool:
+        """In an `except CancelledError`: True if we caused it (then the task is no longer cancelling)."""
+        if not self.reason:
+            return False
+        if sys.version_info >= (3, 11):
+            self._task.uncancel()
+        return True
+
+    def close(self) -> None:
+        """Stop watching; the response is done."""
+        self._active = False
+        self.clear_deadline()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+
+class _Incoming:
+    """The request headers to forward (hop-by-hop and unsendable ones dropped) and those the gateway reads."""
+
+    __slots__ = ("authorization", "content_type", "headers", "length", "priority", "session")
+
+    def __init__(
+        self, raw: Iterable[tuple[bytes, bytes]], session_header: bytes, priority_header: bytes
+    ) -> None:
+        self.headers: list[tuple[str, str]] = []
+        self.length = -1  # Content-Length, if given
+        self.content_type = self.authorization = self.session = self.priority = None
+        connection = None
+        for name, value in raw:
+            if name in _REQUEST_DROP or name.startswith(b"proxy-"):
+                if name == b"content-length" and value.isdigit():
+                    self.length = int(value)
+                elif name == b"connection":
+                    connection = value
+                continue
+            if _BAD_VALUE.search(value):
+                continue
+            if value.isascii():
+                text = value.decode("ascii")
+            else:  # aiohttp writes header values as UTF-8: other obs-text could not be re-sent byte for byte
+                try:
+                    text = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+            if name == b"content-type":
+                self.content_type = text
+            elif name == b"authorization":
+                self.authorization = text
+            elif name == session_header:
+                self.session = text
+            elif name == priority_header:
+                self.priority = text
+            self.headers.append((name.decode("latin-1"), text))
+        if connection is not None:
+            named = {t.strip().lower().decode("latin-1") for t in connection.split(b",")}
+            self.headers = [h for h in self.headers if h[0] not in named]
+
+
+class Proxy:
+    """Forwards every request to the upstream; POST /v1/* passes the admission gate first."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        gate: Gate,
+        signals: SessionSignals,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.gate = gate
+        self.signals = signals
+        self._monotonic = monotonic
+        self._base = config.upstream.rstrip("/")
+        self._host = URL(self._base).raw_authority
+        self._session_header = self._priority_header = b""
+        self.apply(config)
+        self._client: aiohttp.ClientSession | None = None
+        self._responses: dict[int, int] = {}
+        self._errors: dict[str, int] = {}
+        self._ttfb = Histogram()
+        self._too_large = 0
+        self._client_timeouts = 0
+
+    def apply(self, config: GatewayConfig) -> None:
+        """Take a reloaded config; the upstream and its timeouts stay as they were (they need a restart)."""
+        self.config = config
+        self._session_header = config.sessions.header.lower().encode("latin-1")
+        self._priority_header = config.priority.header.lower().encode("latin-1")
+
+    def _upstream(self) -> aiohttp.ClientSession:
+        if self._client is None:  # made on the loop that serves requests
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.config.connect_timeout, sock_read=self.config.read_timeout
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),  # never share one client's cookies with another
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            )
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI 3 entry point."""
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = _Incoming(scope["headers"], self._session_header, self._priority_header)
+        headers = request.headers
+        headers.append(("host", self._host))
+        if request.length > self.config.max_body:
+            return await self._too_large_response(send)
+
+        interrupt = _Interrupt()
+        ticket: Ticket | None = None
+        trace: RequestTrace | None = None
+        status = 499  # nginx's "client closed request", for the trace if nothing better is known
+        try:
+            interrupt.deadline(self.config.client_timeout)
+            chunks: list[bytes] = []
+            size = 0
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.config.max_body:
+                    return await self._too_large_response(send)
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            interrupt.clear_deadline()
+            interrupt.watch(receive)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+            path: str = scope["path"]
+            method: str = scope["method"]
+            if method == "POST" and path.startswith("/v1/"):
+                parsed = parse_json_body(body, request.content_type) if path in OPENAI_PATHS else None
+                api_key = api_key_of(request.authorization)
+                session = session_key(request.session, parsed, api_key)
+                outcome = await self.gate.admit(
+                    session, priority_of(request.priority, api_key, self.config.priority)
+                )
+                if isinstance(outcome, Rejection):
+                    return await self._rejection(send, outcome)
+                ticket = outcome
+                streaming = parsed is not None and parsed.get("stream") is True
+                trace = self.signals.start(session, path, parsed, streaming)
+            status = await self._forward(scope, method, headers, body, send, ticket, trace)
+        except asyncio.CancelledError:
+            if not interrupt.absorb():
+                raise
+            if interrupt.reason == "timeout":
+                self._client_timeouts += 1
+                self._count(408)
+                await send_error(
+                    send,
+                    408,
+                    error_body(
+                        "The request body did not arrive in time.", "invalid_request_error", "timeout"
+                    ),
+                    close=True,
+                )
+            else:
+                self._errors["client_disconnect"] = self._errors.get("client_disconnect", 0) + 1
+        finally:
+            interrupt.close()
+            if ticket is not None:
+                ticket.release()
+            if trace is not None:
+                trace.finish(status)
+
+    async def _forward(
+        self,
+        scope: Scope,
+        method: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        send: Send,
+        ticket: Ticket | None,
+        trace: RequestTrace | None,
+    ) -> int:
+        """Send the request upstream and stream the response back; the status the client got."""
+        target = self._base + scope["raw_path"].decode("latin-1")
+        if scope["query_string"]:
+            target += "?" + scope["query_string"].decode("latin-1")
+        response: aiohttp.ClientResponse | None = None
+        started = finished = False
+        try:
+            response = await self._upstream().request(
+                method, URL(target, encoded=True), headers=headers, data=body or None, allow_redirects=False
+            )
+            if ticket is not None:
+                self._ttfb.observe(self._monotonic() - ticket.admitted_at)
+            out: list[tuple[bytes, bytes]] = []
+            drop: set[bytes] | None = None
+            for name, value in response.raw_headers:
+                lower = name.lower()
+                if lower in HOP_BY_HOP or lower.startswith(b"proxy-") or _BAD_VALUE.search(value):
+                    if lower == b"connection":
+                        drop = {t.strip().lower() for t in value.split(b",")}
+                    continue
+                if lower == b"content-type" and trace is not None:
+                    trace.set_content_type(value.decode("latin-1"))
+                out.append((lower, value))
+            if drop:
+                out = [h for h in out if h[0] not in drop]
+            status = response.status
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            started = True
+            self._count(status)
+            content = response.content
+            while True:
+                chunk = await content.readany()
+                if trace is not None and chunk:
+                    trace.feed(chunk)
+                last = content.at_eof()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    break
+            finished = True
+            return status
+        except aiohttp.ClientError as exc:  # the timeout errors are ClientErrors too
+            kind, status, message = _classify(exc)
+            self._errors[kind] = self._errors.get(kind, 0) + 1
+            if started:
+                # The status is gone: end the connection without the final chunk, so that the client sees a
+                # truncated response rather than a complete-looking one (uvicorn logs it as incomplete).
+                log.warning("upstream %s failed mid-response (%s); cutting the client off", self._base, kind)
+                return status
+            self._count(status)
+            code = "upstream_timeout" if status == 504 else f"upstream_{kind}"
+            kind_name = "gateway_timeout" if status == 504 else "bad_gateway"
+            await send_error(send, status, error_body(message, kind_name, code))
+            return status
+        finally:
+            if response is not None:
+                if finished:
+                    response.release()
+                else:
+                    response.close()
+
+    async def _rejection(self, send: Send, rejection: Rejection) -> None:
+        kind = "rate_limit_exceeded" if rejection.status == 429 else "service_unavailable"
+        retry = b"%d" % max(1, math.ceil(rejection.retry_after))
+        self._count(rejection.status)
+        body = error_body(rejection.message, kind, rejection.reason)
+        await send_error(send, rejection.status, body, [(b"retry-after", retry)])
+
+    async def _too_large_response(self, send: Send) -> None:
+        self._too_large += 1
+        self._count(413)
+        message = f"The request body is larger than the gateway's limit of {self.config.max_body} bytes."
+        await send_error(
+            send, 413, error_body(message, "invalid_request_error", "body_too_large"), close=True
+        )
+
+    def _count(self, status: int) -> None:
+        self._responses[status] = self._responses.get(status, 0) + 1
+
+    def count_header_timeout(self) -> None:
+        """A connection was cut for not sending its request headers in time (the server's timer)."""
+        self._client_timeouts += 1
+        self._count(408)
+
+    def snapshot(self) -> ProxySnapshot:
+        """Counters and the time-to-first-byte histogram."""
+        return ProxySnapshot(
+            responses_total={str(code): n for code, n in sorted(self._responses.items())},
+            upstream_errors_total=dict(self._errors),
+            ttfb=self._ttfb.snapshot(),
+            body_too_large_total=self._too_large,
+            client_timeouts_total=self._client_timeouts,
+        )
+
+    async def aclose(self) -> None:
+        """Close the upstream connections."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _classify(exc: aiohttp.ClientError) -> tuple[str, int, str]:
+    """(upstream_errors kind, status for the client, message) for an upstream failure."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+        return "connect", 502, "The gateway could not connect to the model server."
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return "timeout", 504, "The model server did not answer in time."
+    return "protocol", 502, "The model server's response was broken off or malformed."

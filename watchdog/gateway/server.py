@@ -1,0 +1,280 @@
+"""The gateway's own thread, event loop and uvicorn server, and the one door into them from other threads."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+import uvicorn
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as HttpProtocol
+except ImportError:  # httptools (the C parser) is optional; h11 is pure Python and slower
+    from uvicorn.protocols.http.h11_impl import H11Protocol as HttpProtocol  # type: ignore[assignment]
+try:
+    from uvloop import new_event_loop
+except ImportError:  # uvloop is optional; asyncio's loop is slower
+    from asyncio import new_event_loop  # type: ignore[assignment]
+
+from .admission import Gate
+from .config import GatewayConfig
+from .proxy import Proxy, error_body
+from .signals import SessionSignals
+from .snapshot import GatewaySnapshot
+from .throttle import Throttle
+
+T = TypeVar("T")
+_HEADER_TIMEOUT_BODY = error_body(
+    "The request headers did not arrive in time.", "invalid_request_error", "timeout"
+)
+_HEADER_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+    b"connection: close\r\n\r\n%s" % (len(_HEADER_TIMEOUT_BODY), _HEADER_TIMEOUT_BODY)
+)
+# Connections beyond the admission limits (health checks, metrics, the queue's own overflow answers).
+_SPARE_CONNECTIONS = 256
+
+
+class HeaderDeadlineProtocol(asyncio.Protocol):
+    """Wraps uvicorn's protocol: a connection that does not finish a request's headers within `timeout`
+    of its first byte (or of connecting) gets a 408 and is closed. uvicorn has no such timer (slowloris)."""
+
+    def __init__(self, inner: asyncio.Protocol, timeout: float, on_timeout: Callable[[], None]) -> None:
+        self.inner = inner
+        self._timeout = timeout
+        self._on_timeout = on_timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def _between_requests(self) -> bool:
+        cycle = getattr(self.inner, "cycle", None)
+        return cycle is None or bool(cycle.response_complete)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Start the clock for the first request's headers."""
+        self._transport = transport  # type: ignore[assignment]
+        self.inner.connection_made(transport)
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
+
+    def data_received(self, data: bytes) -> None:
+        """Pass on; stop the clock when a request starts, start it on a partial request's first bytes."""
+        before = getattr(self.inner, "cycle", None)
+        self.inner.data_received(data)
+        if getattr(self.inner, "cycle", None) is not before:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        elif self._timer is None and self._between_requests():
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing() or not self._between_requests():
+            return
+        self._on_timeout()
+        transport.write(_HEADER_TIMEOUT_RESPONSE)
+        transport.close()
+
+    def eof_received(self) -> bool | None:
+        """Pass on."""
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Pass on and stop the clock."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """Pass on."""
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        """Pass on."""
+        self.inner.resume_writing()
+
+
+def deadline_protocol(
+    base: Callable[..., asyncio.Protocol], timeout: float, on_timeout: Callable[[], None]
+) -> type[asyncio.Protocol]:
+    """A protocol class for uvicorn.Config(http=...) that wraps `base` in a HeaderDeadlineProtocol."""
+
+    class Bound(HeaderDeadlineProtocol):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(base(**kwargs), timeout, on_timeout)
+
+    return Bound
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying when it listens."""
+
+    def __init__(self, on_started: Callable[[], None], config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start listening, then tell."""
+        await super().startup(sockets=sockets)
+        if self.started:
+            self._on_started()
+
+
+class GatewayServer:
+    """The gateway's own thread, event loop and uvicorn server."""
+
+    gate: Gate
+    signals: SessionSignals
+    throttle: Throttle
+    proxy: Proxy
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if transport is not None:
+            raise TypeError("the gateway forwards with aiohttp; an httpx transport cannot be injected")
+        self.config = config
+        self._monotonic = monotonic
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: uvicorn.Server | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """Where clients reach the gateway."""
+        return f"http://{self.config.listen_host}:{self.config.listen_port}"
+
+    def start(self) -> None:
+        """Bind (OSError naming host:port if that fails), then serve in a new thread; returns when serving."""
+        if self._thread is not None:
+            raise RuntimeError("gateway already started")
+        host, port = self.config.listen_host, self.config.listen_port
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(exc.errno, f"gateway cannot listen on {host}:{port}: {exc.strerror}") from exc
+        ready = threading.Event()
+        self._failure = None
+        self._thread = threading.Thread(
+            target=self._run, args=(sock, ready), name=f"gateway-{self.config.target}", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if self._failure is not None:
+            self._thread.join()
+            self._thread = None
+            raise RuntimeError(f"gateway for {self.config.target} failed to start") from self._failure
+
+    def _run(self, sock: socket.socket, ready: threading.Event) -> None:
+        loop = new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve(sock, ready))
+        except BaseException as exc:  # reported by start() if it happens before serving
+            self._failure = exc
+        finally:
+            sock.close()
+            ready.set()
+            loop.close()
+
+    async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
+        config, monotonic = self.config, self._monotonic
+        self._loop = asyncio.get_running_loop()
+        self.gate = Gate(config, monotonic=monotonic)
+        self.signals = SessionSignals(
+            top_k=config.sessions.top_k, max_sessions=config.sessions.max_sessions, monotonic=monotonic
+        )
+        self.throttle = Throttle(self.gate, monotonic=monotonic)
+        self.proxy = Proxy(config, self.gate, self.signals, monotonic=monotonic)
+        server = self._server = _Server(
+            ready.set,
+            uvicorn.Config(
+                self.proxy,
+                http=deadline_protocol(HttpProtocol, config.client_timeout, self.proxy.count_header_timeout),
+                interface="asgi3",
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                proxy_headers=False,  # the upstream sees the client's own X-Forwarded-* untouched
+                server_header=False,  # the upstream's Server and Date pass through instead
+                date_header=False,
+                timeout_keep_alive=math.ceil(config.keepalive_timeout),
+                limit_concurrency=config.max_in_flight + config.max_queue + _SPARE_CONNECTIONS,
+            ),
+        )
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await self.proxy.aclose()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to `grace` seconds, then join the thread."""
+        thread, loop, server = self._thread, self._loop, self._server
+        if thread is None:
+            return
+        if loop is not None and server is not None and thread.is_alive():
+
+            def begin() -> None:
+                server.config.timeout_graceful_shutdown = math.ceil(grace)
+                server.should_exit = True
+
+            loop.call_soon_threadsafe(begin)
+        thread.join(timeout=grace + 10.0)
+        self._thread = None
+
+    def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            raise RuntimeError("gateway not running")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        return future
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn()` on the gateway loop (from any other loop or thread) and return its result."""
+        return await asyncio.wrap_future(self._submit(fn))
+
+    def call_sync(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Run `fn()` on the gateway loop and wait for its result (not from the gateway loop itself)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self._submit(fn).result(timeout)
+
+    def snapshot(self) -> GatewaySnapshot:
+        """Everything the gateway exports; on the gateway loop (through call())."""
+        gate = self.gate.snapshot()
+        sessions, tracked = self.signals.stats(gate.session_in_flight, gate.breakers_open)
+        return GatewaySnapshot(self.config.target, gate, self.proxy.snapshot(), sessions, tracked)
+
+    def apply(self, config: GatewayConfig) -> None:
+        """A config reload, on the gateway loop: admission limits, priorities, session headers, body size and
+        client timeout take effect now; the listen address, the upstream and its timeouts need a restart."""
+        self.gate.apply(config)
+        self.proxy.apply(config)
