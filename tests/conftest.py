@@ -11,7 +11,7 @@ from faultserver import FaultServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-pytest_plugins = ["vllm_server", "docker_engine"]
+pytest_plugins = ["vllm_server", "docker_engine", "watchdogproc"]
 
 
 @pytest.fixture

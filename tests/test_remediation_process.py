@@ -3,14 +3,10 @@ watchdog killed with SIGKILL mid-restart comes back, adopts the child, finishes 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +14,7 @@ import httpx
 import pytest
 
 from vllm_server import ROOT, free_port
+from watchdogproc import api_servers, poll, start_watchdog
 
 pytestmark = pytest.mark.vllm
 TOKEN = "process-test-token"
@@ -46,74 +43,26 @@ actions:
     return cfg
 
 
-def _watchdog(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(cfg)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def _poll(url: str, pred: Callable[[Any], bool], limit: float, what: str, log: Path) -> Any:
-    deadline = time.monotonic() + limit
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = httpx.get(url, timeout=5).json()
-            if pred(last):
-                return last
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not within {limit}s; last: {last}; watchdog log: {log.read_text()[-3000:]}")
-
-
-def _api_servers(vport: int) -> list[int]:
-    """PIDs of vLLM API servers listening on vport (by command line)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"vllm.entrypoints.openai.api_server" in argv and str(vport).encode() in argv:
-            pids.append(int(entry.name))
-    return pids
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Callable[[], None]]]:
-    """Callbacks run at teardown, even when the test fails: no vLLM or watchdog outlives the test."""
-    todo: list[Callable[[], None]] = []
-    yield todo
-    for fn in reversed(todo):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            fn()
-
-
 def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[], None]]) -> None:
     port, vport = free_port(), free_port()
     cfg, log = _config(tmp_path, port, vport), tmp_path / "watchdog.log"
     base = f"http://127.0.0.1:{port}"
 
     def kill_vllm() -> None:
-        for pid in _api_servers(vport):
+        for pid in api_servers(vport):
             os.killpg(pid, signal.SIGKILL)
 
     cleanup.append(kill_vllm)
-    first = _watchdog(cfg, log)
+    first = start_watchdog(cfg, log)
     cleanup.append(lambda: (first.kill(), first.wait(10)))
-    _poll(
+    poll(
         base + "/api/v1/targets",
         lambda j: j["data"][0]["up"],
         START_LIMIT,
         "vLLM launched by the watchdog",
         log,
     )
-    (original,) = _api_servers(vport)
+    (original,) = api_servers(vport)
 
     hung = {
         "version": "4",
@@ -129,24 +78,24 @@ def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[]
         hist = j["data"]["history"]
         return bool(hist) and hist[0]["outcome"] == "running" and hist[0]["step"] == "wait_ready"
 
-    _poll(base + "/api/v1/actions", mid_restart, 120, "the restart reaching wait_ready", log)
+    poll(base + "/api/v1/actions", mid_restart, 120, "the restart reaching wait_ready", log)
     assert httpx.get(base + "/api/v1/actions", timeout=5).json()["data"]["drained"]  # drained while it runs
     first.send_signal(signal.SIGKILL)
     first.wait(10)
 
-    second = _watchdog(cfg, log)
+    second = start_watchdog(cfg, log)
     cleanup.append(lambda: (second.terminate(), second.wait(20)))
 
     def settled(j: Any) -> bool:
         hist = j["data"]["history"]
         return bool(hist) and hist[0]["outcome"] != "running"
 
-    status = _poll(base + "/api/v1/actions", settled, START_LIMIT, "the reconciled action", log)["data"]
+    status = poll(base + "/api/v1/actions", settled, START_LIMIT, "the reconciled action", log)["data"]
     rec = status["history"][0]
     assert rec["outcome"] == "succeeded", rec
     assert "after a watchdog restart" in rec["reason"]
     assert status["drained"] == {}
-    servers = _api_servers(vport)
+    servers = api_servers(vport)
     assert len(servers) == 1 and servers[0] != original  # restarted once, adopted, never started twice
     body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4}
     assert httpx.post(f"http://127.0.0.1:{vport}/v1/completions", json=body, timeout=60).status_code == 200

@@ -10,7 +10,19 @@ from .durations import parse_duration
 from .promql.labelfuncs import compile_go_regex
 from .yamlnodes import Node
 
-ACTION_TYPES = ("restart", "disable_draft", "enable_draft", "reconfigure", "gpu_power_limit")
+ACTION_TYPES = (
+    "restart",
+    "disable_draft",
+    "enable_draft",
+    "reconfigure",
+    "gpu_power_limit",
+    "throttle",
+    "throttle_session",
+    "drain",
+    "undrain",
+)
+GATEWAY_ACTIONS = frozenset({"throttle", "throttle_session", "drain", "undrain"})  # they steer the gateway
+ADAPTIVE_SIGNALS = ("queue_time", "ttft")
 DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure"})  # they stop the server
 NOTIFIER_TYPES = ("alertmanager", "webhook")
 DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
@@ -71,6 +83,19 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Throttling:
+    """How a throttle action moves the gateway's in-flight cap (AIMD, or adaptive while the alert holds)."""
+
+    factor: float | None = 0.5  # multiply the current cap, or
+    limit: int | None = None  # set it to this (exactly one of the two)
+    floor: int = 1  # never below
+    step: int = 1  # once resolved: add this many slots ...
+    step_interval: float = 10.0  # ... this often, up to the configured ceiling
+    adaptive: str | None = None  # "queue_time" | "ttft": while firing, follow that signal toward `target`
+    target: float = 1.0  # seconds
+
+
+@dataclass(frozen=True)
 class ActionConfig:
     """One named action. Durations are seconds; `dry_run` None inherits the global setting."""
 
@@ -94,6 +119,10 @@ class ActionConfig:
     restore_after: float | None = None  # reconfigure/power: restore once resolved this long; None: never
     power_limit_watts: float | None = None  # gpu_power_limit: absolute
     power_limit_ratio: float | None = None  # gpu_power_limit: fraction of the card's default limit
+    throttle: Throttling | None = None  # throttle: how the gateway's cap moves
+    breaker_duration: float | None = (
+        None  # throttle_session: how long the breaker stays open; None: gateway's
+    )
     line: int = 0
 
     @property
@@ -134,6 +163,12 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "enable_draft": {"cooldown": 0.0},
     "reconfigure": {"cooldown": 900.0},
     "gpu_power_limit": {"cooldown": 300.0},
+    # Gateway actions are cheap and reversible: a throttle may tighten again each minute the alert is resent,
+    # and a re-firing alert is no crash loop (window 0).
+    "throttle": {"cooldown": 60.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
+    "throttle_session": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
+    "drain": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
+    "undrain": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
 }
 _DURATIONS = (
     "cooldown",
@@ -181,6 +216,7 @@ def _flag(node: Node, text: str) -> str | None:
 def parse_action(name: str, node: Node) -> ActionConfig | None:
     """One entry of `actions:`."""
     keys = {"type", "dry_run", "max_per_window", "set", "remove", "restore_after", "watts", "ratio"}
+    keys |= {"factor", "limit", "floor", "step", "step_interval", "adaptive", "target", "duration"}
     keys |= {"crash_loop_max", *_DURATIONS}
     m = node.mapping(keys)
     if m is None:
@@ -219,6 +255,10 @@ def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[st
         "remove": "reconfigure",
         "watts": "gpu_power_limit",
         "ratio": "gpu_power_limit",
+        **dict.fromkeys(
+            ("factor", "limit", "floor", "step", "step_interval", "adaptive", "target"), "throttle"
+        ),
+        "duration": "throttle_session",
     }
     for key, owner in only.items():
         if key in m and kind != owner:
@@ -247,6 +287,49 @@ def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[st
         if ratio is not None and not 0 < ratio <= 1:
             m["ratio"].error("must be in (0, 1]")
         values["power_limit_watts"], values["power_limit_ratio"] = watts, ratio
+    if kind == "throttle":
+        values["throttle"] = _throttling(m, node)
+    if kind == "throttle_session" and "duration" in m:
+        duration = m["duration"].parsed(parse_duration)
+        if duration == 0:
+            m["duration"].error("must be greater than 0")
+        values["breaker_duration"] = duration or None
+
+
+def _throttling(m: Mapping[str, Node], node: Node) -> Throttling:
+    d = Throttling()
+    factor = m["factor"].number() if "factor" in m else None
+    limit = m["limit"].integer(minimum=1) if "limit" in m else None
+    if factor is not None and limit is not None:
+        node.error("set `factor` or `limit`, not both")
+    if factor is not None and not 0 < factor < 1:
+        m["factor"].error(f"must be between 0 and 1 (exclusive), got {factor}")
+        factor = None
+    floor = (m["floor"].integer(minimum=1) if "floor" in m else None) or d.floor
+    step = (m["step"].integer(minimum=1) if "step" in m else None) or d.step
+    interval = m["step_interval"].parsed(parse_duration) if "step_interval" in m else None
+    if interval == 0:
+        m["step_interval"].error("must be greater than 0")
+    adaptive = m["adaptive"].string() if "adaptive" in m else None
+    if adaptive is not None and adaptive not in ADAPTIVE_SIGNALS:
+        m["adaptive"].error(f"must be one of {', '.join(ADAPTIVE_SIGNALS)}, got {adaptive!r}")
+        adaptive = None
+    target = m["target"].parsed(parse_duration) if "target" in m else None
+    if target == 0:
+        m["target"].error("must be greater than 0")
+    if "target" in m and adaptive is None and "adaptive" not in m:
+        m["target"].error("only applies with `adaptive`")
+    if limit is not None and limit < floor:
+        m["limit"].error(f"must not be below floor ({floor})")
+    return Throttling(
+        factor=None if limit is not None else (factor or d.factor),
+        limit=limit,
+        floor=floor,
+        step=step,
+        step_interval=interval or d.step_interval,
+        adaptive=adaptive,
+        target=target or d.target,
+    )
 
 
 def _budget(node: Node) -> Budget | None:

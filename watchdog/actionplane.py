@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -18,6 +19,9 @@ from .actions.runtimes import build_runtimes
 from .actions.state import ActionStore
 from .alerting import OutgoingAlert
 from .config import Config, TargetConfig
+from .gateway.control import GatewayControl
+from .gateway.server import GatewayServer
+from .gateway.snapshot import GatewaySnapshot
 from .notifiers.hub import NotificationHub
 from .promql.engine import Engine
 from .promql.values import QueryError, Vector
@@ -47,6 +51,7 @@ class ActionPlane:
         docker_client: Callable[[], Any] = _docker_from_env,
         systemctl: Sequence[str] = ("systemctl",),
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -78,6 +83,21 @@ class ActionPlane:
             clock=clock,
         )
         self._background: set[asyncio.Task[None]] = set()
+        self.gateway: GatewayControl | None = None
+        if config.gateway is not None:
+            server = GatewayServer(config.gateway, monotonic=monotonic)
+            target = config.gateway.target
+            self.gateway = GatewayControl(
+                server,
+                self.store,
+                clock=clock,
+                monotonic=monotonic,
+                queue_time=lambda: self.query_value(
+                    "histogram_quantile(0.9, sum by (le) "
+                    f'(rate(vllm:request_queue_time_seconds_bucket{{instance="{target}"}}[30s])))'
+                ),
+            )
+        self.remediator.gateway = self.gateway
 
     def _runtimes(
         self, config: Config, previous: dict[str, tuple[TargetConfig, Runtime]] | None
@@ -90,16 +110,25 @@ class ActionPlane:
             previous=previous,
         )
 
-    def running_requests(self, target: str) -> float | None:
-        """The latest vllm:num_requests_running of a target from the sample store; None if unknown."""
-        expr = f'sum(vllm:num_requests_running{{instance="{target}"}})'
+    def query_value(self, expr: str) -> float | None:
+        """The first value of an instant query on the sample store; None if empty, NaN or failing."""
         try:
             result = self.engine().query(expr, self.clock())
         except QueryError:
             return None
-        if not isinstance(result, Vector) or not result:
+        if not isinstance(result, Vector) or not result or math.isnan(result[0].value):
             return None
         return result[0].value
+
+    def running_requests(self, target: str) -> float | None:
+        """Requests a target is serving: vllm:num_requests_running from the sample store, or the gateway's
+        in-flight count if it fronts the target and says more; None if unknown."""
+        gauge = self.query_value(f'sum(vllm:num_requests_running{{instance="{target}"}})')
+        gw = self.gateway
+        if gw is None or gw.target != target:
+            return gauge
+        in_flight = float(gw.in_flight())  # exact and without vLLM's lag, for what passes the gateway
+        return in_flight if gauge is None else max(gauge, in_flight)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a coroutine in the background, holding a reference until it ends (aclose cancels it)."""
@@ -108,7 +137,11 @@ class ActionPlane:
         task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
-        """Reconcile actions a killed watchdog left in flight, then make sure process-mode children run."""
+        """Start the gateway (if any); reconcile actions a killed watchdog left in flight, then make sure
+        process-mode children run. Raises OSError if the gateway cannot listen."""
+        if self.gateway is not None:
+            await self.gateway.start()
+            log.info("gateway started", extra={"listen": self.gateway.listen, "target": self.gateway.target})
         self._spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
@@ -131,8 +164,32 @@ class ActionPlane:
             if self.runtimes.get(name, (None, None))[1] is not runtime:
                 self._spawn(runtime.close(), f"actions:close:{name}")
         self.config = config
+        self._apply_gateway(config)
         self.hub.update(config.notifiers)
         self.remediator.apply(config, {k: v[1] for k, v in self.runtimes.items()})
+
+    def _apply_gateway(self, config: Config) -> None:
+        gw, new = self.gateway, config.gateway
+        if gw is None or new is None:
+            if (gw is None) != (new is None):
+                log.warning("adding or removing the gateway takes effect only after a restart")
+            return
+        old = gw.server.config
+        if (new.listen_host, new.listen_port, new.target, new.upstream) != (
+            old.listen_host,
+            old.listen_port,
+            old.target,
+            old.upstream,
+        ):
+            log.warning("gateway listen, target and upstream changes take effect only after a restart")
+            return
+        self._spawn(gw.server.call(lambda: gw.server.apply(new)), "gateway:apply")
+
+    async def gateway_tick(self) -> GatewaySnapshot | None:
+        """Move the throttle one step and take the gateway's snapshot (None without a gateway)."""
+        if self.gateway is None:
+            return None
+        return await self.gateway.tick()
 
     def on_alerts(self, alerts: list[OutgoingAlert], now: float) -> None:
         """Alerts the rule manager decided to send: to the notifiers, and through the routes to actions."""
@@ -152,6 +209,8 @@ class ActionPlane:
 
     async def aclose(self) -> None:
         """Stop workers and close clients; never stops a vLLM server."""
+        if self.gateway is not None:
+            await self.gateway.aclose(grace=3.0)
         await self.remediator.aclose()
         for task in list(self._background):
             task.cancel()

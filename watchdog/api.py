@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from .controlapi import check_bearer, control_routes, error_response
 from .evaluation import RuleEvaluation
+from .gateway.control import GatewayControl
 from .monitor import Monitor
 from .promql.selectors import parse_selector
 from .remediation import Remediator
@@ -40,6 +41,7 @@ def build_app(
     is_healthy: Callable[[], bool],
     get_remediator: Callable[[], Remediator],
     clock: Callable[[], float],
+    get_gateway: Callable[[], GatewayControl | None] = lambda: None,
 ) -> Starlette:
     """The Starlette app; callables read live state so that reloads take effect at once."""
 
@@ -132,6 +134,6 @@ def build_app(
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
-            *control_routes(get_remediator, get_token, clock),
+            *control_routes(get_remediator, get_token, clock, get_gateway),
         ]
     )

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from .actionconfig import parse_matcher
 from .alerting import OutgoingAlert
 from .durations import parse_duration
+from .gateway.control import GatewayControl
 from .remediation import Remediator
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
@@ -155,6 +156,7 @@ def control_routes(
     get_remediator: Callable[[], Remediator],
     get_token: Callable[[], str | None],
     clock: Callable[[], float],
+    get_gateway: Callable[[], GatewayControl | None] = lambda: None,
 ) -> list[Route]:
     """The routes; `get_token` reads the live api_token, so a reload changes it at once."""
 
@@ -240,7 +242,41 @@ def control_routes(
         queued = get_remediator().handle(alerts, clock(), trigger="inbound")
         return JSONResponse({"status": "success", "alerts": len(alerts), "queued": queued})
 
+    async def gateway_status(request: Request) -> Response:
+        gw = get_gateway()
+        if gw is None:
+            return error_response(404, "no gateway configured")
+        return JSONResponse({"status": "success", "data": await gw.status_json()})
+
+    async def open_breaker(request: Request) -> Response:
+        gw = get_gateway()
+        if gw is None:
+            return error_response(404, "no gateway configured")
+        body = await _body(request)
+        session = _string(body, "session")
+        if not session:
+            raise BadRequest("session: must not be empty")
+        try:
+            duration = parse_duration(_string(body, "duration", default="5m"))
+        except ValueError as exc:
+            raise BadRequest(f"duration: {exc}") from None
+        if duration <= 0:
+            raise BadRequest("duration: must be greater than 0")
+        reason = _string(body, "reason", default="opened by an operator")
+        await gw.open_breaker(session, duration, reason)
+        return JSONResponse({"status": "success", "session": session, "seconds": duration})
+
+    async def close_breaker(request: Request) -> Response:
+        gw = get_gateway()
+        if gw is None:
+            return error_response(404, "no gateway configured")
+        await gw.close_breaker(request.path_params["session"])
+        return JSONResponse({"status": "success"})
+
     return [
+        Route("/api/v1/gateway", gateway_status),
+        Route("/api/v1/gateway/breakers", guarded(open_breaker), methods=["POST"]),
+        Route("/api/v1/gateway/breakers/{session}", guarded(close_breaker), methods=["DELETE"]),
         Route("/api/v1/actions", actions),
         Route("/api/v1/pause", guarded(pause), methods=["POST"]),
         Route("/api/v1/resume", guarded(resume), methods=["POST"]),

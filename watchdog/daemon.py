@@ -34,6 +34,8 @@ from .api import build_app
 from .config import Config, load_config
 from .errors import ConfigError
 from .evaluation import RuleEvaluation
+from .gateway.feed import GatewayFeed
+from .gateway.metrics import GatewayCollector
 from .monitor import Monitor
 from .rulefiles import RuleGroup, load_rule_files
 from .scrapelog import ScrapeLog
@@ -110,6 +112,7 @@ class Daemon:
         self.record = (record, record_max_bytes, record_keep)
         self.scrapelog: ScrapeLog | None = None
         self.stop_event: asyncio.Event | None = None
+        self.gateway_feed: GatewayFeed | None = None
         self.last_progress = monotonic()
         self._running: set[asyncio.Task[Any]] = set()
         self._tls: ssl.SSLContext | None = None
@@ -171,6 +174,8 @@ class Daemon:
         if self.actions is not None:
             add("notify", self.actions.deliver, 1.0)
             add("actions", self.actions.tick, 1.0)
+            if self.actions.gateway is not None:
+                add("gateway", self._gateway_tick, 1.0)
         if mon.dcgm is not None:
             add("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval)
         if mon.gpu is not None:
@@ -187,6 +192,13 @@ class Daemon:
         await self.monitor.scrape(name, now)
         if self.evaluation is not None:
             self.evaluation.after_scrape(self.clock())
+
+    async def _gateway_tick(self, now: float) -> None:
+        """The gateway's signals go straight into the sample store: no scrape, no lag."""
+        assert self.actions is not None and self.monitor is not None
+        if self.gateway_feed is None:
+            self.gateway_feed = GatewayFeed(self.monitor.store)
+        self.gateway_feed.commit(await self.actions.gateway_tick(), int(now * 1000))
 
     async def _gc(self, now: float) -> None:
         assert self.monitor is not None
@@ -291,12 +303,14 @@ class Daemon:
             nvml=self._nvml_module(),
             systemctl=self.systemctl,
             clock=self.clock,
+            monotonic=self.monotonic,
             **kwargs,
         )
         self.evaluation.on_alerts = self.actions.on_alerts
         registry = CollectorRegistry(auto_describe=False)
         registry.register(WatchdogCollector(self.monitor, self.counters, self.evaluation))
         registry.register(ActionCollector(self._actions))
+        registry.register(GatewayCollector(lambda: g.snapshot if (g := self._actions().gateway) else None))
         app = build_app(
             self._monitor,
             self._evaluation,
@@ -306,6 +320,7 @@ class Daemon:
             self.healthy,
             lambda: self._actions().remediator,
             self.clock,
+            lambda: self._actions().gateway,
         )
         server = _EmbeddedServer(
             uvicorn.Config(

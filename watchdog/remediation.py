@@ -9,9 +9,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .actionconfig import ActionConfig, Budget
+from .actionconfig import GATEWAY_ACTIONS, ActionConfig, Budget
 from .actions.audit import Audit, Job
 from .actions.flows import FlowContext, Outcome, reconcile
+from .actions.gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
 from .actions.plans import execute_plan, plan_action
 from .actions.rails import Rails, Verdict
 from .actions.readiness import ReadyCheck
@@ -66,6 +67,7 @@ class Remediator:
         self.ready = ready
         self.hub = hub
         self.power = power
+        self.gateway: Gateway | None = None  # the admission gateway, when one fronts a target
         self.running_requests = running_requests
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.alerts = WatchdogAlerts(self.rails)
@@ -98,6 +100,9 @@ class Remediator:
                     continue
                 restore_key = f"restore/{action.name}/{target.name}"
                 if alert.state == "resolved":
+                    gateway = self._gateway_of(target.name)
+                    if action.type == "throttle" and gateway is not None:
+                        gateway.release(hold_key(action, alert.labels))
                     if action.restore_after is not None:
                         self.store.put(
                             restore_key, {"due": now + action.restore_after, "labels": dict(alert.labels)}
@@ -171,7 +176,8 @@ class Remediator:
     async def _execute(self, job: Job) -> dict[str, Any]:
         action, target, now = job.action, job.target, self.clock()
         runtime = self.runtimes.get(target.name)
-        problem = _unsupported(action, target, runtime, self.power)
+        gateway = self._gateway_of(target.name)
+        problem = _unsupported(action, target, runtime, self.power, gateway)
         if problem:
             return self.audit.refuse(action, job.labels, job.trigger, problem, now, target.name)
         started = await _started_at(runtime) if runtime is not None and action.disruptive else None
@@ -186,7 +192,10 @@ class Remediator:
         )
         if not verdict.allowed:
             return self._skip(job, verdict, now)
-        plan = await plan_action(action, target, runtime, self.store, self.power, restore=job.restore)
+        if gateway is not None and action.type in GATEWAY_ACTIONS:
+            plan = plan_gateway(action, job.labels, gateway)
+        else:
+            plan = await plan_action(action, target, runtime, self.store, self.power, restore=job.restore)
         if plan.skip:
             return self._skip(job, Verdict(False, plan.skip, "nothing_to_do"), now)
         if self._dry(action):
@@ -203,8 +212,15 @@ class Remediator:
         )
         self.audit.started(job, action_id, plan.describe, now)
         ctx = self._context(target, runtime)
-        outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
+        if gateway is not None and plan.kind == "gateway":
+            outcome = await execute_gateway(action, job.labels, gateway, ctx, action_id)
+        else:
+            outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
         return self._finish(job, action_id, outcome)
+
+    def _gateway_of(self, target: str) -> Gateway | None:
+        gw = self.gateway
+        return gw if gw is not None and gw.target == target else None
 
     def _context(self, target: TargetConfig, runtime: Runtime | None) -> FlowContext:
         return FlowContext(
@@ -335,8 +351,16 @@ async def _started_at(runtime: Runtime) -> float | None:
 
 
 def _unsupported(
-    action: ActionConfig, target: TargetConfig, runtime: Runtime | None, power: Any | None
+    action: ActionConfig,
+    target: TargetConfig,
+    runtime: Runtime | None,
+    power: Any | None,
+    gateway: Gateway | None,
 ) -> str:
+    if action.type in GATEWAY_ACTIONS:
+        return (
+            "" if gateway is not None else f"no gateway in front of target {target.name} (config `gateway:`)"
+        )
     if action.type == "gpu_power_limit":
         if power is None:
             return "gpu_power_limit needs NVML (gpus: {nvml: true})"

@@ -173,6 +173,7 @@ class ActionStore:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.moved_aside: Path | None = None  # where an unusable file went, if one did
+        self.on_drain: Callable[[str, bool], None] | None = None  # told of every drain change (the gateway)
         if path is None:
             self._db = _connect(":memory:")
             return
@@ -381,12 +382,14 @@ class ActionStore:
         """Mark a target drained (admit no new requests) or admitting again; a second drain keeps the time."""
         if not drained:
             self._db.execute("DELETE FROM drains WHERE target = ?", (target,))
-            return
-        self._db.execute(
-            "INSERT INTO drains (target, since, action_id) VALUES (?, ?, ?)"
-            " ON CONFLICT (target) DO UPDATE SET action_id = excluded.action_id",
-            (target, now, action_id),
-        )
+        else:
+            self._db.execute(
+                "INSERT INTO drains (target, since, action_id) VALUES (?, ?, ?)"
+                " ON CONFLICT (target) DO UPDATE SET action_id = excluded.action_id",
+                (target, now, action_id),
+            )
+        if self.on_drain is not None:
+            self.on_drain(target, drained)
 
     def drains(self) -> dict[str, float]:
         """Drained targets and since when."""
