@@ -30,9 +30,10 @@ class Job:
     done: asyncio.Future[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
-    def key(self) -> tuple[str, bool]:
-        """Jobs with the same key merge while one waits or runs."""
-        return (self.action.name, self.restore)
+    def key(self) -> tuple[str, bool, str]:
+        """Jobs with the same key merge while one waits or runs; a session breaker is per session."""
+        session = self.labels.get("session", "") if self.action.type == "throttle_session" else ""
+        return (self.action.name, self.restore, session)
 
 
 class Audit:
