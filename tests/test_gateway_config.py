@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.actionconfig import Throttling
 from vllm_watchdog.config import load_config, parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.gateway.config import GatewayConfig, MiB, PriorityConfig, SessionConfig
+from vllm_watchdog.gateway.throttle import ThrottleSpec
 
 TARGET = 'targets:\n  - {name: vllm-0, url: "http://127.0.0.1:8000"}\n'
 
@@ -66,9 +66,9 @@ def test_every_gateway_key_parses_into_typed_values() -> None:
         sessions=SessionConfig("X-Agent", 2.5, 5, 4, 600.0, 500, 5),
     )
     a = cfg.actions
-    assert a["squeeze"].throttle == Throttling(factor=0.25, floor=4, step=2, step_interval=30.0)
-    assert a["pin"].throttle == Throttling(factor=None, limit=8)
-    assert a["follow"].throttle == Throttling(adaptive="ttft", target=2.0)
+    assert a["squeeze"].throttle == ThrottleSpec(factor=0.25, floor=4, step=2, step_interval=30.0)
+    assert a["pin"].throttle == ThrottleSpec(factor=None, limit=8)
+    assert a["follow"].throttle == ThrottleSpec(factor=0.5, adaptive="ttft", target=2.0)
     assert a["breaker"].breaker_duration == 900.0
     assert {a["hold"].type, a["release"].type} == {"drain", "undrain"}
     # gateway actions are cheap and reversible: no start-up grace, no crash-loop stop, no disruption

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .durations import parse_duration
+from .gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
 from .promql.labelfuncs import compile_go_regex
 from .yamlnodes import Node
 
@@ -22,7 +23,7 @@ ACTION_TYPES = (
     "undrain",
 )
 GATEWAY_ACTIONS = frozenset({"throttle", "throttle_session", "drain", "undrain"})  # they steer the gateway
-ADAPTIVE_SIGNALS = ("queue_time", "ttft")
+DEFAULT_THROTTLE = ThrottleSpec(factor=0.5)  # a throttle action that says nothing else halves the cap
 DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure"})  # they stop the server
 NOTIFIER_TYPES = ("alertmanager", "webhook")
 DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
@@ -83,19 +84,6 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Throttling:
-    """How a throttle action moves the gateway's in-flight cap (AIMD, or adaptive while the alert holds)."""
-
-    factor: float | None = 0.5  # multiply the current cap, or
-    limit: int | None = None  # set it to this (exactly one of the two)
-    floor: int = 1  # never below
-    step: int = 1  # once resolved: add this many slots ...
-    step_interval: float = 10.0  # ... this often, up to the configured ceiling
-    adaptive: str | None = None  # "queue_time" | "ttft": while firing, follow that signal toward `target`
-    target: float = 1.0  # seconds
-
-
-@dataclass(frozen=True)
 class ActionConfig:
     """One named action. Durations are seconds; `dry_run` None inherits the global setting."""
 
@@ -119,7 +107,7 @@ class ActionConfig:
     restore_after: float | None = None  # reconfigure/power: restore once resolved this long; None: never
     power_limit_watts: float | None = None  # gpu_power_limit: absolute
     power_limit_ratio: float | None = None  # gpu_power_limit: fraction of the card's default limit
-    throttle: Throttling | None = None  # throttle: how the gateway's cap moves
+    throttle: ThrottleSpec | None = None  # throttle: how the gateway's cap moves
     breaker_duration: float | None = (
         None  # throttle_session: how long the breaker stays open; None: gateway's
     )
@@ -296,8 +284,8 @@ def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[st
         values["breaker_duration"] = duration or None
 
 
-def _throttling(m: Mapping[str, Node], node: Node) -> Throttling:
-    d = Throttling()
+def _throttling(m: Mapping[str, Node], node: Node) -> ThrottleSpec:
+    d = DEFAULT_THROTTLE
     factor = m["factor"].number() if "factor" in m else None
     limit = m["limit"].integer(minimum=1) if "limit" in m else None
     if factor is not None and limit is not None:
@@ -321,7 +309,7 @@ def _throttling(m: Mapping[str, Node], node: Node) -> Throttling:
         m["target"].error("only applies with `adaptive`")
     if limit is not None and limit < floor:
         m["limit"].error(f"must not be below floor ({floor})")
-    return Throttling(
+    return ThrottleSpec(
         factor=None if limit is not None else (factor or d.factor),
         limit=limit,
         floor=floor,

@@ -6,8 +6,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Protocol
 
-from ..actionconfig import ActionConfig, Throttling
+from ..actionconfig import DEFAULT_THROTTLE, ActionConfig
 from ..durations import format_duration
+from ..gateway.throttle import ThrottleSpec
 from .flows import FlowContext, Outcome
 from .plans import Plan
 
@@ -20,7 +21,7 @@ class Gateway(Protocol):
     target: str
     breaker_default: float
 
-    async def throttle(self, key: str, t: Throttling) -> tuple[int, int]: ...
+    async def throttle(self, key: str, spec: ThrottleSpec) -> tuple[int, int]: ...
 
     def release(self, key: str) -> None: ...
 
@@ -38,7 +39,7 @@ def hold_key(action: ActionConfig, labels: Mapping[str, str]) -> str:
 def plan_gateway(action: ActionConfig, labels: Mapping[str, str], gateway: Gateway) -> Plan:
     """Decide what a gateway action does; a skip says why it cannot."""
     if action.type == "throttle":
-        t = action.throttle or Throttling()
+        t = action.throttle or DEFAULT_THROTTLE
         how = f"to {t.limit}" if t.limit is not None else f"by x{t.factor}"
         mode = f", following {t.adaptive} toward {format_duration(t.target)}" if t.adaptive else ""
         return Plan("gateway", f"lower the in-flight cap of {gateway.target} {how} (floor {t.floor}){mode}")
@@ -59,7 +60,7 @@ async def execute_gateway(
 ) -> Outcome:
     """Carry out a gateway action; the gateway answers at once, so these never wait for vLLM."""
     if action.type == "throttle":
-        before, after = await gateway.throttle(hold_key(action, labels), action.throttle or Throttling())
+        before, after = await gateway.throttle(hold_key(action, labels), action.throttle or DEFAULT_THROTTLE)
         ctx.step(action_id, "throttle", limit_before=before, limit=after)
         return Outcome("succeeded", f"in-flight cap {before} -> {after}", {"before": before, "limit": after})
     if action.type == "throttle_session":

@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..actionconfig import Throttling
 from ..actions.state import ActionStore
 from .server import GatewayServer
 from .snapshot import GatewaySnapshot, HistogramSnapshot
@@ -102,17 +101,8 @@ class GatewayControl:
             self._holds_seen[str(key)] = now_mono
 
     # -- actions -------------------------------------------------------------------------------
-    async def throttle(self, key: str, t: Throttling) -> tuple[int, int]:
+    async def throttle(self, key: str, spec: ThrottleSpec) -> tuple[int, int]:
         """Tighten the cap for an alert (key: action and alert); returns the cap before and after."""
-        spec = ThrottleSpec(
-            factor=t.factor,
-            limit=t.limit,
-            floor=t.floor,
-            step=t.step,
-            step_interval=t.step_interval,
-            adaptive=t.adaptive,
-            target=t.target,
-        )
 
         def hold() -> tuple[int, int]:
             before = self.server.gate.limit
