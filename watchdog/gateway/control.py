@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..actions.state import ActionStore
+from ..promql.mathfuncs import histogram_quantile
 from .server import GatewayServer
 from .snapshot import GatewaySnapshot, HistogramSnapshot
 from .throttle import ThrottleSpec
@@ -27,19 +29,13 @@ SIGNAL_MIN_COUNT = 5  # fewer observations in the window: no signal
 
 
 def window_quantile(q: float, old: HistogramSnapshot, new: HistogramSnapshot) -> float | None:
-    """The q-quantile of the observations between two snapshots, interpolated as histogram_quantile does."""
-    count = new.count - old.count
-    if count < SIGNAL_MIN_COUNT or len(old.cumulative) != len(new.cumulative):
+    """The q-quantile of the observations between two snapshots, as PromQL's histogram_quantile computes it
+    over the increase; None with too few observations to mean anything."""
+    if new.count - old.count < SIGNAL_MIN_COUNT or len(old.cumulative) != len(new.cumulative):
         return None
-    rank = q * count
-    lower, prev = 0.0, 0
-    for i, bound in enumerate(new.bounds):
-        cum = new.cumulative[i] - old.cumulative[i]
-        if cum >= rank:
-            inside = cum - prev
-            return bound if inside <= 0 else lower + (bound - lower) * (rank - prev) / inside
-        lower, prev = bound, cum
-    return new.bounds[-1] if new.bounds else None  # in the +Inf bucket: the highest finite bound
+    bounds = (*new.bounds, math.inf)
+    increase = zip(bounds, new.cumulative, old.cumulative, strict=True)
+    return histogram_quantile(q, [(le, float(n - o)) for le, n, o in increase])
 
 
 class GatewayControl:
