@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ from .actions.runtime import Runtime
 from .actions.runtimes import build_runtimes
 from .actions.state import ActionStore
 from .alerting import OutgoingAlert
+from .background import Background
 from .config import Config, TargetConfig
 from .gateway.control import GatewayControl
 from .gateway.server import GatewayServer
@@ -82,7 +82,7 @@ class ActionPlane:
             running_requests=self.running_requests,
             clock=clock,
         )
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()
         self.gateway: GatewayControl | None = None
         if config.gateway is not None:
             server = GatewayServer(config.gateway, monotonic=monotonic)
@@ -130,19 +130,13 @@ class ActionPlane:
         in_flight = float(gw.in_flight())  # exact and without vLLM's lag, for what passes the gateway
         return in_flight if gauge is None else max(gauge, in_flight)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run a coroutine in the background, holding a reference until it ends (aclose cancels it)."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def start(self) -> None:
         """Start the gateway (if any); reconcile actions a killed watchdog left in flight, then make sure
         process-mode children run. Raises OSError if the gateway cannot listen."""
         if self.gateway is not None:
             await self.gateway.start()
             log.info("gateway started", extra={"listen": self.gateway.listen, "target": self.gateway.target})
-        self._spawn(self._start(), "actions:start")
+        self._background.spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
         try:
@@ -162,7 +156,7 @@ class ActionPlane:
         self.runtimes = self._runtimes(config, old)
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
-                self._spawn(runtime.close(), f"actions:close:{name}")
+                self._background.spawn(runtime.close(), f"actions:close:{name}")
         self.config = config
         self._apply_gateway(config)
         self.hub.update(config.notifiers)
@@ -183,7 +177,7 @@ class ActionPlane:
         ):
             log.warning("gateway listen, target and upstream changes take effect only after a restart")
             return
-        self._spawn(gw.server.call(lambda: gw.server.apply(new)), "gateway:apply")
+        self._background.spawn(gw.server.call(lambda: gw.server.apply(new)), "gateway:apply")
 
     async def gateway_tick(self) -> GatewaySnapshot | None:
         """Move the throttle one step and take the gateway's snapshot (None without a gateway)."""
@@ -212,8 +206,7 @@ class ActionPlane:
         if self.gateway is not None:
             await self.gateway.aclose(grace=3.0)
         await self.remediator.aclose()
-        for task in list(self._background):
-            task.cancel()
+        self._background.cancel()
         for _, runtime in self.runtimes.values():
             await runtime.close()
         await self.hub.aclose()

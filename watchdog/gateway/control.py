@@ -12,10 +12,11 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from ..actions.state import ActionStore
+from ..background import Background
 from ..promql.mathfuncs import histogram_quantile
 from .server import GatewayServer
 from .snapshot import GatewaySnapshot, HistogramSnapshot
@@ -60,7 +61,7 @@ class GatewayControl:
         self._holds_seen: dict[str, float] = {}  # hold key -> when its alert last asked (monotonic)
         self._history: deque[tuple[float, HistogramSnapshot]] = deque()  # (when, time-to-first-byte)
         self._persisted = ""
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._background = Background()
 
     @property
     def listen(self) -> str:
@@ -112,7 +113,7 @@ class GatewayControl:
     def release(self, key: str) -> None:
         """The alert behind a hold resolved: recovery starts once no hold is left."""
         self._holds_seen.pop(key, None)
-        self._spawn(self._release(key))
+        self._background.spawn(self._release(key))
 
     async def _release(self, key: str) -> None:
         await self.server.call(lambda: self.server.throttle.release(key))
@@ -136,7 +137,7 @@ class GatewayControl:
     def on_drain(self, target: str, drained: bool) -> None:
         """The action store's drain hook: follow the flag for our target."""
         if target == self.target:
-            self._spawn(self.set_drain(drained))
+            self._background.spawn(self.set_drain(drained))
 
     def in_flight(self) -> int:
         """Requests forwarded and not finished (an int read across threads is safe)."""
@@ -211,14 +212,8 @@ class GatewayControl:
             },
         }
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def aclose(self, grace: float) -> None:
         """Stop the gateway: no new connections, in-flight requests get `grace` seconds."""
         self.store.on_drain = None
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=grace)
+        await self._background.wait(grace)
         await asyncio.to_thread(self.server.stop, grace)
