@@ -6,7 +6,7 @@ import math
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 Labels = tuple[tuple[str, str], ...]
 """A series identity: (name, value) pairs sorted by name, including `__name__`."""
@@ -197,3 +197,29 @@ class Exposure:
 
     def __len__(self) -> int:
         return len(self._live)
+
+
+class SeriesCache:
+    """Series handles by name and labels, for a source that writes the same series at every collection;
+    `extra` labels (job, instance) are added to every series it hands out."""
+
+    def __init__(self, store: SampleStore, extra: Mapping[str, str] | None = None) -> None:
+        self.store = store
+        self.extra = dict(extra or {})
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+
+    def get(self, name: str, labels: Mapping[str, str]) -> Series:
+        """The stored series `name{labels, extra}`, looked up once."""
+        key = (name, tuple(sorted(labels.items())))
+        series = self._cache.get(key)
+        if series is None:
+            full = {**labels, **self.extra}
+            series = self._cache[key] = self.store.get(make_labels(name, full))
+        return series
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        """Forget every handle (the series stay in the store)."""
+        self._cache.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..store import Exposure, SampleStore, Series, make_labels
+from ..store import Exposure, SampleStore, Series, SeriesCache, make_labels
 from .nvml import GpuSample, NvmlError, NvmlSource
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ class GpuCollector:
         self.up = False
         self.last_error: str | None = None
         self._opened = False
-        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+        self._series = SeriesCache(store, {"job": "nvml", "instance": instance})
 
     def collect(self) -> list[GpuSample]:
         """One blocking NVML reading (run it in a thread); errors leave up=0, never raise."""
@@ -46,12 +46,7 @@ class GpuCollector:
         for name, labels, value in samples:
             if keep is not None and name not in keep:
                 continue
-            key = (name, tuple(sorted(labels.items())))
-            series = self._cache.get(key)
-            if series is None:
-                full = {**labels, "job": "nvml", "instance": self.instance}
-                series = self._cache[key] = self.store.get(make_labels(name, full))
-            batch.append((series, value, t_ms))
+            batch.append((self._series.get(name, labels), value, t_ms))
         if self.up:
             self.exposure.commit(batch, t_ms)
         else:
