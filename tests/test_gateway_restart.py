@@ -6,8 +6,6 @@ while drained, lets the in-flight ones finish, and forwards the held ones once v
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,11 +16,10 @@ import httpx
 import pytest
 
 from vllm_server import ROOT, free_port
-from watchdogproc import api_servers, poll, start_watchdog
+from watchdogproc import START_LIMIT, api_servers, inbound_alert, poll, start_with_process_target
 
 pytestmark = pytest.mark.vllm
 TOKEN = "gateway-restart-token"
-START_LIMIT = 300.0
 MAX_REQUESTS = 40  # bounded load: at most this many requests in all
 
 
@@ -52,21 +49,7 @@ actions:
     log = tmp_path / "watchdog.log"
     base, gateway = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gport}"
 
-    def kill_vllm() -> None:
-        for pid in api_servers(vport):
-            os.killpg(pid, signal.SIGKILL)
-
-    cleanup.append(kill_vllm)
-    wd = start_watchdog(cfg, log)
-    cleanup.append(lambda: (wd.terminate(), wd.wait(20)))
-    poll(
-        base + "/api/v1/targets",
-        lambda j: j["data"][0]["up"],
-        START_LIMIT,
-        "vLLM launched by the watchdog",
-        log,
-    )
-    (original,) = api_servers(vport)
+    _, original = start_with_process_target(cfg, log, base, vport, cleanup)
 
     results: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -87,11 +70,7 @@ actions:
         w.start()
     try:
         poll(base + "/api/v1/gateway", lambda j: len(results) >= 2, 120, "traffic through the gateway", log)
-        hung = {
-            "version": "4",
-            "status": "firing",
-            "alerts": [{"status": "firing", "labels": {"alertname": "VLLMEngineHung", "instance": "vllm-p"}}],
-        }
+        hung = inbound_alert("VLLMEngineHung", "vllm-p")
         resp = httpx.post(
             base + "/api/v1/alertmanager", json=hung, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
         )

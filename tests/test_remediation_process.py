@@ -4,7 +4,6 @@ watchdog killed with SIGKILL mid-restart comes back, adopts the child, finishes 
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +13,17 @@ import httpx
 import pytest
 
 from vllm_server import ROOT, free_port
-from watchdogproc import api_servers, poll, start_watchdog
+from watchdogproc import (
+    START_LIMIT,
+    api_servers,
+    inbound_alert,
+    poll,
+    start_watchdog,
+    start_with_process_target,
+)
 
 pytestmark = pytest.mark.vllm
 TOKEN = "process-test-token"
-START_LIMIT = 300.0
 
 
 def _config(tmp_path: Path, port: int, vport: int) -> Path:
@@ -48,27 +53,8 @@ def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[]
     cfg, log = _config(tmp_path, port, vport), tmp_path / "watchdog.log"
     base = f"http://127.0.0.1:{port}"
 
-    def kill_vllm() -> None:
-        for pid in api_servers(vport):
-            os.killpg(pid, signal.SIGKILL)
-
-    cleanup.append(kill_vllm)
-    first = start_watchdog(cfg, log)
-    cleanup.append(lambda: (first.kill(), first.wait(10)))
-    poll(
-        base + "/api/v1/targets",
-        lambda j: j["data"][0]["up"],
-        START_LIMIT,
-        "vLLM launched by the watchdog",
-        log,
-    )
-    (original,) = api_servers(vport)
-
-    hung = {
-        "version": "4",
-        "status": "firing",
-        "alerts": [{"status": "firing", "labels": {"alertname": "VLLMEngineHung", "instance": "vllm-p"}}],
-    }
+    first, original = start_with_process_target(cfg, log, base, vport, cleanup)
+    hung = inbound_alert("VLLMEngineHung", "vllm-p")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.post(base + "/api/v1/alertmanager", json=hung, timeout=10).status_code == 401
     resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=headers, timeout=10)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +54,41 @@ def api_servers(vport: int) -> list[int]:
         if b"vllm.entrypoints.openai.api_server" in argv and str(vport).encode() in argv:
             pids.append(int(entry.name))
     return pids
+
+
+START_LIMIT = 300.0  # a process-mode vLLM started by the watchdog on 2 busy cores
+
+
+def start_with_process_target(
+    cfg: Path, log: Path, api: str, vport: int, cleanup: list[Callable[[], None]]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a watchdog whose only target launches vLLM on vport (process mode) and wait until that vLLM is up.
+
+    Returns the watchdog and the pid of the vLLM API server it launched; teardown stops both.
+    """
+
+    def kill_vllm() -> None:
+        for pid in api_servers(vport):
+            os.killpg(pid, signal.SIGKILL)
+
+    cleanup.append(kill_vllm)
+    wd = start_watchdog(cfg, log)
+    cleanup.append(lambda: (wd.terminate(), wd.wait(20)))
+    poll(
+        api + "/api/v1/targets",
+        lambda j: j["data"][0]["up"],
+        START_LIMIT,
+        "vLLM launched by the watchdog",
+        log,
+    )
+    (pid,) = api_servers(vport)
+    return wd, pid
+
+
+def inbound_alert(alertname: str, instance: str) -> dict[str, Any]:
+    """An Alertmanager webhook (v4) body carrying one firing alert, for POST /api/v1/alertmanager."""
+    alert = {"status": "firing", "labels": {"alertname": alertname, "instance": instance}}
+    return {"version": "4", "status": "firing", "alerts": [alert]}
 
 
 @pytest.fixture
