@@ -155,11 +155,16 @@ class GatewayControl:
         # The gateway's own queue time rises whenever the cap falls, so it would feed on itself: the adaptive
         # throttle follows vLLM's queue time, or the time to first byte of what the gateway let through.
         signals = {"queue_time": self.queue_time(), "ttft": self._ttfb()}
-        await self.server.call(lambda: self.server.throttle.tick(signals.get))
-        snap: GatewaySnapshot = await self.server.call(self.server.snapshot)
+        mono, wall = now, self.clock()
+
+        def step() -> tuple[GatewaySnapshot, dict[str, Any]]:  # one trip to the gateway's loop per tick
+            self.server.throttle.tick(signals.get)
+            return self.server.snapshot(), self._state(mono, wall)
+
+        snap, state = await self.server.call(step)
         self._history.append((now, snap.proxy.ttfb))
         self.snapshot = snap
-        await self.persist()
+        self._save(state)
         return snap
 
     def _trim(self, now: float) -> None:
@@ -171,24 +176,25 @@ class GatewayControl:
             return None
         return window_quantile(SIGNAL_QUANTILE, self._history[0][1], self._history[-1][1])
 
-    async def persist(self) -> None:
-        """Save the throttle and breaker state when it changed, so that a restart keeps it."""
-        mono, wall = self.monotonic(), self.clock()
+    def _state(self, mono: float, wall: float) -> dict[str, Any]:
+        """The throttle and breakers as saved (breaker ends as wall-clock times); runs on the gateway loop."""
+        breakers = {
+            s: [wall + (until - mono), reason] for s, (until, reason) in self.server.gate.breakers().items()
+        }
+        throttle = self.server.throttle.state()
+        throttle.pop("seconds_since_change", None)  # changes every tick; not worth an fsync
+        return {"throttle": throttle, "breakers": breakers}
 
-        def read() -> dict[str, Any]:
-            breakers = {
-                s: [wall + (until - mono), reason]
-                for s, (until, reason) in self.server.gate.breakers().items()
-            }
-            throttle = self.server.throttle.state()
-            throttle.pop("seconds_since_change", None)  # changes every tick; not worth an fsync
-            return {"throttle": throttle, "breakers": breakers}
-
-        state = await self.server.call(read)
+    def _save(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, sort_keys=True)
         if text != self._persisted:
             self.store.put(self._key, state)
             self._persisted = text
+
+    async def persist(self) -> None:
+        """Save the throttle and breaker state when it changed, so that a restart keeps it."""
+        mono, wall = self.monotonic(), self.clock()
+        self._save(await self.server.call(lambda: self._state(mono, wall)))
 
     async def status_json(self) -> dict[str, Any]:
         """GET /api/v1/gateway."""
