@@ -13,13 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_watchdog.gateway.signals import (
-    OPENAI_PATHS,
-    RequestTrace,
-    SessionSignals,
-    parse_json_body,
-    tool_call_signatures,
-)
+from vllm_watchdog.gateway.bodies import OPENAI_PATHS, RequestTrace, parse_json_body, tool_call_signatures
+from vllm_watchdog.gateway.signals import SessionSignals
 from vllm_watchdog.gateway.snapshot import SessionStats
 
 CHAT = "/v1/chat/completions"

@@ -17,10 +17,11 @@ from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from .admission import Gate, Rejection, Ticket
+from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
 from .config import GatewayConfig
 from .histogram import Histogram
 from .sessions import api_key_of, priority_of, session_key
-from .signals import OPENAI_PATHS, RequestTrace, SessionSignals, parse_json_body
+from .signals import SessionSignals
 from .snapshot import ProxySnapshot
 
 # RFC 9110 7.6.1: for one connection only, never forwarded (nor Proxy-*, nor what Connection names).

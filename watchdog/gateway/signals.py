@@ -2,97 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 
+from .bodies import OPENAI_PATHS, RequestTrace, tool_call_signatures
 from .snapshot import SessionStats
-
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we parse for signals
 
 ANONYMOUS = "anonymous"  # the session of requests without a key
 OTHER = "other"  # the row that sums every session not exported by name
 _RESERVED = (ANONYMOUS, OTHER)
 
-_KEY = b'"usage"'
-_TAIL = len(_KEY) - 1  # bytes kept across a chunk border so that a split key is still seen
-_MAX_BODY = 1024 * 1024  # non-streaming bodies kept for the usage parse; beyond it we scan like a stream
-_MAX_PENDING = 4096  # a usage object split across chunks is kept up to this size
-_MAX_KEYS = 64  # usage keys looked at in one chunk (a stream may carry "usage": null in every event)
 _MAX_TOKENS = 1 << 32  # larger token counts are garbage
-_MAX_TOOL_CALLS = 64  # tool calls hashed per request
 _RESCALE = 256.0  # half-lives after which the forward-decay weights are renormalised
-_DECODER = json.JSONDecoder()
-
-_OFF, _JSON, _SCAN = 0, 1, 2  # RequestTrace modes: no signals, buffered JSON body, scanned stream
-
-
-def parse_json_body(body: bytes, content_type: str | None) -> dict[str, object] | None:
-    """The body as a JSON object; None for another content type, invalid JSON or another JSON value."""
-    if content_type:
-        media = content_type.partition(";")[0].strip().lower()
-        if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-            return None
-    if not body:
-        return None
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def tool_call_signatures(body: Mapping[str, object]) -> list[str]:
-    """Signatures (sha256 of name and canonical arguments, hex[:16]) of the last assistant tool calls."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            break
-    else:
-        return []
-    out: list[str] = []
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls[:_MAX_TOOL_CALLS]:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                sig = _signature(function.get("name"), function.get("arguments"))
-                if sig is not None:
-                    out.append(sig)
-    legacy = message.get("function_call")  # the deprecated single-call form
-    if not out and isinstance(legacy, dict):
-        sig = _signature(legacy.get("name"), legacy.get("arguments"))
-        if sig is not None:
-            out.append(sig)
-    return out
-
-
-def _signature(name: object, arguments: object) -> str | None:
-    if not isinstance(name, str) or not name:
-        return None
-    if arguments is None:
-        canonical = ""
-    elif isinstance(arguments, str):
-        try:
-            canonical = _canonical(json.loads(arguments))
-        except (ValueError, TypeError, RecursionError):
-            canonical = arguments  # not JSON: the raw string is all we have
-    else:
-        try:
-            canonical = _canonical(arguments)
-        except (ValueError, TypeError, RecursionError):
-            return None
-    text = name + "\x00" + canonical
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _label(session: str) -> str:
@@ -105,32 +28,6 @@ def _tokens(value: object) -> int | None:
     if type(value) is int and 0 <= value <= _MAX_TOKENS:
         return value
     return None
-
-
-def _usage_at(data: bytes, k: int) -> tuple[dict[str, object] | None, bool]:
-    """The usage object after the key at k, and False when the data ends before the object can be judged."""
-    n = len(data)
-    i = k + len(_KEY)
-    while i < n and data[i] in b" \t":
-        i += 1
-    if i >= n:
-        return None, False
-    if data[i] != 0x3A:  # not ':', so a string value "usage", not the key
-        return None, True
-    i += 1
-    while i < n and data[i] in b" \t":
-        i += 1
-    if i >= n:
-        return None, False
-    if data[i] != 0x7B:  # not '{': null or garbage
-        return None, True
-    eol = data.find(b"\n", i)
-    text = data[i : eol if eol >= 0 else n].decode("utf-8", "replace")
-    try:
-        value, _ = _DECODER.raw_decode(text)
-    except (ValueError, RecursionError):
-        return None, eol >= 0 or n - k > _MAX_PENDING
-    return (value if isinstance(value, dict) else None), True
 
 
 class _Session:
@@ -213,105 +110,6 @@ def _bump(freq: dict[int, int], count: int, delta: int) -> None:
         freq[count] = n
     else:
         freq.pop(count, None)
-
-
-class RequestTrace:
-    """One request's signals; the proxy feeds it the upstream response bytes as they pass."""
-
-    __slots__ = ("_done", "_finish", "_mode", "_parts", "_pending", "_size", "_tail", "_usage")
-
-    def __init__(
-        self,
-        finish: Callable[[Mapping[str, object] | None], None],
-        streaming: bool,
-        content_type: str | None = None,
-        tracked: bool = True,
-    ) -> None:
-        self._finish = finish
-        self._mode = _OFF if not tracked else _SCAN if streaming else _JSON
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._tail = b""
-        self._pending: bytes | None = None
-        self._usage: dict[str, object] | None = None
-        self._done = False
-        self.set_content_type(content_type)
-
-    def set_content_type(self, content_type: str | None) -> None:
-        """The response's Content-Type, once known: text/event-stream is scanned, anything else buffered."""
-        if content_type is None or self._mode == _OFF or self._parts or self._pending or self._usage:
-            return
-        self._mode = _SCAN if "event-stream" in content_type.lower() else _JSON
-
-    def feed(self, chunk: bytes) -> None:
-        """Look at one chunk of the response body (cheap unless it carries usage)."""
-        mode = self._mode
-        if mode == _SCAN:
-            if self._pending is None and not self._tail and _KEY not in chunk:
-                if not chunk.endswith(b"\n"):
-                    self._tail = chunk[-_TAIL:]
-                return
-            self._scan(chunk)
-        elif mode == _JSON:
-            size = self._size + len(chunk)
-            if size <= _MAX_BODY:
-                self._parts.append(chunk)
-                self._size = size
-            else:
-                self._overflow(chunk)
-
-    def _overflow(self, chunk: bytes) -> None:
-        """The body is too big to keep: scan its last kept part and the rest like a stream."""
-        parts = self._parts
-        self._parts, self._size, self._mode = [], 0, _SCAN
-        pieces = [parts[-2][-_TAIL:]] if len(parts) >= 2 else []
-        pieces += [*parts[-1:], chunk]
-        for piece in pieces:
-            self.feed(piece)
-
-    def _scan(self, chunk: bytes) -> None:
-        tail, pending = self._tail, self._pending
-        self._tail, self._pending = b"", None
-        if pending is not None:
-            data = pending + chunk
-            if b"}" not in chunk and b"\n" not in chunk and len(data) <= _MAX_PENDING:
-                self._pending = data  # the object cannot have ended yet: spare the parse
-                return
-        elif tail and (len(chunk) < _TAIL or _KEY in tail + chunk[:_TAIL]):
-            data = tail + chunk
-        else:
-            data = chunk
-        end = len(data)
-        for _ in range(_MAX_KEYS):
-            k = data.rfind(_KEY, 0, end)
-            if k < 0:
-                break
-            usage, complete = _usage_at(data, k)
-            if usage is not None:
-                self._usage = usage  # the last complete usage wins; a later cut-off one may replace it
-                break
-            if not complete and self._pending is None and len(data) - k <= _MAX_PENDING:
-                self._pending = data[k:]
-            end = k
-        if self._pending is None and not data.endswith(b"\n"):
-            self._tail = data[-_TAIL:]
-
-    def finish(self, status: int) -> None:
-        """Record the request's usage into its session, once; status >= 400 records no usage."""
-        if self._done:
-            return
-        self._done = True
-        usage: Mapping[str, object] | None = None
-        if status < 400:
-            if self._mode == _JSON:
-                body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-                obj = parse_json_body(body, None)
-                found = obj.get("usage") if obj is not None else None
-                usage = found if isinstance(found, dict) else None
-            else:
-                usage = self._usage
-        self._parts, self._pending, self._usage = [], None, None
-        self._finish(usage)
 
 
 class SessionSignals:
