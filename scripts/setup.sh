@@ -10,6 +10,7 @@ missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v dockerd >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)  # the sidecar image's base (no registry here)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: apt-get install ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -18,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pytest, hypothesis" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pytest, hypothesis, matplotlib" 2>/dev/null; then
   echo "setup: creating .venv with vllm-watchdog and its dev tools" >&2
   "$PY" -m venv .venv
   .venv/bin/pip install -q -e ".[dev]" >&2
