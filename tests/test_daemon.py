@@ -145,7 +145,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
     ok, problems = await d.reload()
     line = len(good.splitlines()) + 1
     assert not ok and problems == [
-        f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, dry_run, gateway, global, gpus, listen, notifiers, routes, "
+        f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, dry_run, gateway, global, gpus, include, listen, notifiers, routes, "
         "rule_backend, rule_files, state_dir, targets)"
     ]
     assert [t for t in d._monitor().targets] == ["vllm-0"]

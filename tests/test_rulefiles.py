@@ -73,7 +73,7 @@ def test_nameless_selector_needs_every_name() -> None:
 
 
 def test_bundled_rules_load() -> None:
-    groups = load_rule_files(sorted(str(p) for p in bundled_rules_dir().glob("*.yml")))
+    groups = load_rule_files(sorted(str(p) for p in bundled_rules_dir().glob("*.rules.yml")))
     assert groups and all(g.rules for g in groups)
 
 

@@ -388,26 +388,3 @@ def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> No
         **durations,
     )
 
-
-def parse_remediation(
-    top: Mapping[str, Node], http_url: Callable[[str], str]
-) -> tuple[dict[str, ActionConfig], tuple[RouteConfig, ...], tuple[NotifierConfig, ...]]:
-    """`actions`, `routes` and `notifiers` of the top-level config mapping."""
-    actions: dict[str, ActionConfig] = {}
-    declared: set[str] = set()
-    for name, node in (top["actions"].mapping() or {}).items() if "actions" in top else []:
-        declared.add(name)
-        action = parse_action(name, node)
-        if action is not None:
-            actions[name] = action
-    routes = (
-        [parse_route(item, actions, declared) for item in top["routes"].items()] if "routes" in top else []
-    )
-    notifiers: list[NotifierConfig] = []
-    for i, item in enumerate(top["notifiers"].items() if "notifiers" in top else []):
-        notifier = parse_notifier(item, i, http_url)
-        if notifier is not None and any(n.name == notifier.name for n in notifiers):
-            item.error(f"duplicate notifier name {notifier.name!r}", field=f"{item.path}.name")
-        elif notifier is not None:
-            notifiers.append(notifier)
-    return actions, tuple(r for r in routes if r is not None), tuple(notifiers)

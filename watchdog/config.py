@@ -12,13 +12,13 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .actionconfig import ActionConfig, NotifierConfig, RouteConfig, parse_remediation
+from .actionconfig import ActionConfig, NotifierConfig, RouteConfig
 from .durations import parse_duration, parse_size
 from .errors import ConfigError, Problem
 from .gateway.config import GatewayConfig, parse_gateway
+from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
 from .yamlnodes import Node, Problems, compose
 
-BUNDLED_PREFIX = "bundled:"
 DEFAULTS_NAME = "<embedded defaults>"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -361,6 +361,7 @@ TOP_LEVEL_KEYS = {
     "notifiers",
     "dry_run",
     "gateway",
+    "include",
 }
 
 
@@ -384,7 +385,10 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
             targets.append(target)
-    actions, routes, notifiers = parse_remediation(top, _http_url)
+    parts = read_includes(top["include"], base, bundled_rules_dir(), env) if "include" in top else []
+    actions, routes, notifiers = merge_remediation(top, parts, _http_url)
+    for part in parts:
+        problems.items.extend(part.problems.items)
     gateway = (
         parse_gateway(
             top["gateway"], {t.name: t.url for t in targets}, parse_listen, listen or ("127.0.0.1", 9460)

@@ -43,6 +43,7 @@ from .sdnotify import Notifier
 from .selfmetrics import DaemonCounters, WatchdogCollector
 from .sources.gpu import GpuCollector
 from .sources.nvml import NvmlSource
+from .sources.selffeed import SelfFeed
 
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
@@ -113,6 +114,7 @@ class Daemon:
         self.scrapelog: ScrapeLog | None = None
         self.stop_event: asyncio.Event | None = None
         self.gateway_feed: GatewayFeed | None = None
+        self.self_feed: SelfFeed | None = None
         self.last_progress = monotonic()
         self._running: set[asyncio.Task[Any]] = set()
         self._tls: ssl.SSLContext | None = None
@@ -176,6 +178,8 @@ class Daemon:
             add("actions", self.actions.tick, 1.0)
             if self.actions.gateway is not None:
                 add("gateway", self._gateway_tick, 1.0)
+        if self.self_feed is not None:
+            add("self", self._feed_self, g.evaluation_interval)
         if mon.dcgm is not None:
             add("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval)
         if mon.gpu is not None:
@@ -199,6 +203,11 @@ class Daemon:
         if self.gateway_feed is None:
             self.gateway_feed = GatewayFeed(self.monitor.store)
         self.gateway_feed.commit(await self.actions.gateway_tick(), int(now * 1000))
+
+    async def _feed_self(self, now: float) -> None:
+        """The own metrics that rules read go into the store (job="vllm-watchdog"), as a scrape would."""
+        assert self.self_feed is not None
+        self.self_feed.commit(int(now * 1000))
 
     async def _gc(self, now: float) -> None:
         assert self.monitor is not None
@@ -308,8 +317,11 @@ class Daemon:
         )
         self.evaluation.on_alerts = self.actions.on_alerts
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(WatchdogCollector(self.monitor, self.counters, self.evaluation))
-        registry.register(ActionCollector(self._actions))
+        own = (WatchdogCollector(mon, self.counters, self.evaluation), ActionCollector(self._actions))
+        for collector in own:
+            registry.register(collector)
+        host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host
+        self.self_feed = SelfFeed(mon.store, own, f"{host}:{config.listen_port}", lambda: mon.keep_names)
         registry.register(GatewayCollector(lambda: g.snapshot if (g := self._actions().gateway) else None))
         app = build_app(
             self._monitor,

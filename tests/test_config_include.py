@@ -1,0 +1,202 @@
+"""`include:`: actions, routes and notifiers from other files, merged with file:line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_watchdog.config import bundled_rules_dir, load_config
+from vllm_watchdog.errors import ConfigError
+
+TARGET = "targets: [{name: vllm-0, url: 'http://127.0.0.1:8000', container: vllm-0}]\n"
+
+SHARED = """\
+actions:
+  restart-it: {type: restart, cooldown: 30m}
+  throttle-it: {type: throttle, factor: 0.5}
+routes:
+  - match: {alertname: Hung}
+    actions: [restart-it]
+  - match: {alertname: Busy}
+    actions: [throttle-it]
+notifiers:
+  - {type: webhook, url: 'http://127.0.0.1:9/shared'}
+"""
+
+MORE = """\
+actions:
+  drain-it: {type: drain}
+routes:
+  - match: {alertname: Maintenance}
+    actions: [drain-it, restart-it]
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def problems(path: Path, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        load_config(str(path), env=env or {})
+    return [str(p) for p in exc.value.problems]
+
+
+def test_own_actions_override_own_routes_come_first_then_included_in_order(tmp_path: Path) -> None:
+    write(tmp_path / "conf.d" / "shared.yml", SHARED)
+    write(tmp_path / "conf.d" / "more.yml", MORE)
+    main = write(
+        tmp_path / "watchdog.yml",
+        TARGET + "include: [conf.d/shared.yml, conf.d/more.yml]\n"
+        "actions:\n"
+        "  restart-it: {type: restart, cooldown: 5m}\n"  # overrides the shared one
+        "routes:\n"
+        "  - match: {alertname: Busy}\n"
+        "    actions: [restart-it]\n"
+        "notifiers:\n"
+        "  - {type: alertmanager, url: 'http://127.0.0.1:9093'}\n",
+    )
+    cfg = load_config(str(main), env={})
+    assert cfg.actions["restart-it"].cooldown == 300.0
+    assert cfg.actions["restart-it"].line == 4 and cfg.actions["throttle-it"].line == 3
+    assert set(cfg.actions) == {"restart-it", "throttle-it", "drain-it"}
+    order = [(str(r.matchers[0]), r.actions) for r in cfg.routes]
+    assert order == [
+        ("alertname='Busy'", ("restart-it",)),  # own first: it wins over the included Busy route
+        ("alertname='Hung'", ("restart-it",)),
+        ("alertname='Busy'", ("throttle-it",)),
+        ("alertname='Maintenance'", ("drain-it", "restart-it")),
+    ]
+    assert [(n.name, n.type) for n in cfg.notifiers] == [
+        ("alertmanager-0", "alertmanager"),
+        ("webhook-1", "webhook"),
+    ]
+
+
+def test_paths_are_relative_to_the_including_file_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path / "etc" / "shared.yml", SHARED)
+    main = write(tmp_path / "etc" / "watchdog.yml", TARGET + "include: [shared.yml]\n")
+    monkeypatch.chdir(tmp_path)
+    assert set(load_config("etc/watchdog.yml", env={}).actions) == {"restart-it", "throttle-it"}
+    assert set(load_config(str(main), env={}).actions) == {"restart-it", "throttle-it"}
+
+
+def test_included_files_see_environment_variables(tmp_path: Path) -> None:
+    write(tmp_path / "n.yml", "notifiers:\n  - {type: webhook, url: '${HOOK}', name: hook}\n")
+    main = write(tmp_path / "w.yml", TARGET + "include: [n.yml]\n")
+    cfg = load_config(str(main), env={"HOOK": "http://127.0.0.1:8088/x"})
+    assert [n.url for n in cfg.notifiers] == ["http://127.0.0.1:8088/x"]
+    assert problems(main) == [
+        f"{tmp_path}/n.yml:2: notifiers[0].url: environment variable HOOK is not set (use ${{VAR:-default}})"
+    ]
+
+
+def test_own_routes_may_use_included_actions_and_included_routes_own_actions(tmp_path: Path) -> None:
+    write(tmp_path / "r.yml", "routes:\n  - match: {alertname: Hot}\n    actions: [mine]\n")
+    main = write(
+        tmp_path / "w.yml",
+        TARGET + "include: [r.yml, bundled:watchdog.yml]\nactions: {mine: {type: drain}}\n"
+        "routes: [{match: {alertname: X}, actions: [graceful-restart]}]\n",
+    )
+    cfg = load_config(str(main), env={})
+    assert cfg.routes[0].actions == ("graceful-restart",) and cfg.routes[1].actions == ("mine",)
+
+
+def test_bundled_watchdog_yml_holds_the_default_actions_and_routes(tmp_path: Path) -> None:
+    main = write(tmp_path / "w.yml", TARGET + "include: ['bundled:watchdog.yml']\n")
+    cfg = load_config(str(main), env={})
+    restart = cfg.actions["graceful-restart"]
+    assert restart.type == "restart" and restart.max_per_window is not None
+    assert (restart.max_per_window.count, restart.max_per_window.window) == (3, 6 * 3600.0)
+    assert (restart.cooldown, restart.startup_grace) == (900.0, 600.0)
+    draft = cfg.actions["disable-draft"]
+    assert draft.type == "disable_draft" and draft.restore_after == 7200.0
+    assert cfg.actions["throttle-gateway"].type == "throttle" and cfg.notifiers == ()
+    assert str(cfg.routes[0].matchers[0]) == "alertname=~'VLLMEngineHung|VLLMEngineStalled|VLLMDown'"
+
+
+def test_embedded_defaults_include_the_bundled_file() -> None:
+    cfg = load_config(None, env={})
+    assert {
+        "graceful-restart",
+        "disable-draft",
+        "throttle-gateway",
+        "throttle-heat",
+        "session-breaker",
+    } <= set(cfg.actions)
+    assert cfg.targets[0].canary.enabled and cfg.gateway is not None
+    assert [Path(p).name for p in cfg.rule_files] == ["vllm.rules.yml", "gateway.rules.yml"]
+
+
+def test_a_missing_file_is_named_at_the_include_line(tmp_path: Path) -> None:
+    main = write(tmp_path / "w.yml", TARGET + "include:\n  - nothere.yml\n  - bundled:nothing.yml\n")
+    got = problems(main)
+    assert got[0].startswith(f"{main}:3: include[0]: cannot read included file {tmp_path}/nothere.yml: ")
+    assert got[1].startswith(
+        f"{main}:4: include[1]: cannot read included file {bundled_rules_dir()}/nothing.yml"
+    )
+
+
+def test_errors_inside_an_included_file_carry_its_name_and_line(tmp_path: Path) -> None:
+    bad = write(
+        tmp_path / "bad.yml",
+        "actions:\n"
+        "  ok: {type: restart}\n"
+        "  nope: {type: reboot}\n"
+        "routes:\n"
+        "  - match: {alertname: A}\n"
+        "    actions: [ok, missing]\n"
+        "notifiers:\n"
+        "  - {type: webhook}\n",
+    )
+    main = write(tmp_path / "w.yml", TARGET + "include: [bad.yml]\n")
+    got = problems(main)
+    assert f"{bad}:3: actions.nope.type: unknown action type 'reboot'" in got[0]
+    assert got[1].startswith(f"{bad}:6: routes[0].actions: unknown action 'missing' (declared: nope, ok)")
+    assert got[2] == f"{bad}:8: notifiers[0].url: is required"
+    assert len(got) == 3
+
+
+def test_yaml_errors_unknown_keys_nesting_and_empty_files(tmp_path: Path) -> None:
+    write(tmp_path / "syntax.yml", "actions:\n  a: {type: restart\n")
+    write(tmp_path / "keys.yml", "targets: []\nactions: {}\n")
+    write(tmp_path / "nested.yml", "include: [keys.yml]\n")
+    write(tmp_path / "empty.yml", "")
+    main = write(tmp_path / "w.yml", TARGET + "include: [syntax.yml, keys.yml, nested.yml, empty.yml]\n")
+    got = problems(main)
+    assert any(p.startswith(f"{tmp_path}/syntax.yml:3: (yaml): ") for p in got), got
+    assert f"{tmp_path}/keys.yml:1: targets: an included file holds only actions, routes, notifiers" in got
+    assert f"{tmp_path}/nested.yml:1: include: an included file cannot include other files" in got
+    assert f"{tmp_path}/empty.yml:1: (root): included file is empty" in got
+    assert len(got) == 4
+
+
+def test_a_file_included_twice_or_itself_is_refused(tmp_path: Path) -> None:
+    write(tmp_path / "s.yml", SHARED)
+    main = write(tmp_path / "w.yml", TARGET + "include: [s.yml, ./s.yml, w.yml]\n")
+    got = problems(main)
+    assert f"{main}:2: include[1]: ./s.yml is already included (line 2)" in got
+    assert f"{main}:2: include: an included file cannot include other files" in got
+    assert any(p.startswith(f"{main}:1: targets: an included file holds only") for p in got)
+
+
+def test_two_included_files_may_not_define_the_same_action(tmp_path: Path) -> None:
+    write(tmp_path / "a.yml", "actions:\n  r: {type: restart}\n")
+    b = write(tmp_path / "b.yml", "# b\nactions:\n  r: {type: restart, cooldown: 1m}\n")
+    main = write(tmp_path / "w.yml", TARGET + "include: [a.yml, b.yml]\n")
+    assert problems(main) == [f"{b}:3: actions.r: action 'r' is already defined in {tmp_path}/a.yml:2"]
+    # ...unless the including file settles it with its own
+    write(main, TARGET + "include: [a.yml, b.yml]\nactions: {r: {type: restart, cooldown: 2m}}\n")
+    assert load_config(str(main), env={}).actions["r"].cooldown == 120.0
+
+
+def test_include_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    main = write(tmp_path / "w.yml", TARGET + "include: {a: b}\n")
+    assert problems(main) == [f"{main}:2: include: must be a list"]
+    write(main, TARGET + "include: ['']\n")
+    assert problems(main) == [f"{main}:2: include[0]: must not be empty"]
