@@ -47,6 +47,7 @@ class Audit:
         self.dry = dry
         self.counts: dict[tuple[str, str, str], int] = {}  # (action, target, outcome) -> n
         self._last_skip: dict[tuple[str, str], tuple[str, float]] = {}
+        self._last_refusal: dict[tuple[str, str], tuple[str, float]] = {}
 
     def count(self, action: str, target: str, outcome: str) -> None:
         """One more decision of this outcome."""
@@ -121,12 +122,17 @@ class Audit:
         now: float,
         target: str = "",
     ) -> dict[str, Any]:
-        """An action the config does not allow on this target (or no target at all)."""
-        self.store.record(
-            action.name, action.type, target, trigger, labels, "refused", reason, self.dry(action), now
-        )
+        """An action the config does not allow on this target (or no target at all); a firing alert asks again
+        each resend, so the same refusal is written and logged at most every SKIP_REPEAT seconds."""
         self.count(action.name, target, "refused")
-        log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
+        key = (action.name, target)
+        last = self._last_refusal.get(key)
+        if last is None or last[0] != reason or now - last[1] >= SKIP_REPEAT or trigger == "manual":
+            self._last_refusal[key] = (reason, now)
+            self.store.record(
+                action.name, action.type, target, trigger, labels, "refused", reason, self.dry(action), now
+            )
+            log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
         return {"outcome": "refused", "reason": reason}
 
     def _event(self, job: Job, outcome: str, reason: str, now: float, action_id: int | None) -> None:
