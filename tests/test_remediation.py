@@ -305,6 +305,17 @@ async def test_refusals() -> None:
     assert rt.calls == []
 
 
+async def test_a_repeated_refusal_is_recorded_once_per_ten_minutes_and_counted_each_time() -> None:
+    r, rt, *_ = make()
+    for t in (0.0, 60.0, 120.0, 599.0, 600.0):  # a firing alert about an unknown server, resent each minute
+        r.handle([alert("Hung", instance="some-other-server")], t)
+        await settle(r)
+    rows = [rec for rec in r.store.history() if rec.outcome == "refused"]
+    assert sorted(rec.started_at for rec in rows) == [0.0, 600.0]
+    assert r.audit.counts[("restart", "", "refused")] == 5
+    assert rt.calls == []
+
+
 async def test_reconcile_finishes_an_uncommitted_replacement_and_undrains() -> None:
     r, rt, *_ = make()
     aid = r.store.begin("draft_off", "disable_draft", "vllm-0", "alert", {}, False, 0.0)
