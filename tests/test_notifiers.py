@@ -389,6 +389,19 @@ async def test_matchers_send_resolved_and_events_only_to_webhooks(receiver: Rece
     assert len(pager_bodies) == 2
 
 
+async def test_external_labels_are_added_to_sent_alerts_unless_the_alert_has_the_label(
+    receiver: Receiver,
+) -> None:
+    am = notifier("am", "alertmanager", receiver.url)
+    async with hub_for(am) as hub:
+        hub.external_labels = {"cluster": "eu-1", "severity": "page"}
+        hub.alerts([alert("A", severity="critical"), alert("B")], T0)
+        await hub.deliver(T0)
+    sent = {a["labels"]["alertname"]: a["labels"] for a in receiver.bodies()[0]}
+    assert sent["A"] == {"alertname": "A", "cluster": "eu-1", "severity": "critical"}
+    assert sent["B"] == {"alertname": "B", "cluster": "eu-1", "severity": "page"}
+
+
 async def test_batches_of_at_most_64(receiver: Receiver) -> None:
     async with hub_for(notifier("am", "alertmanager", receiver.url)) as hub:
         hub.alerts([alert("Many", n=str(i)) for i in range(150)], T0)

@@ -70,6 +70,7 @@ class ActionPlane:
             external_url=f"http://{config.listen_host}:{config.listen_port}",
             clock=clock,
         )
+        self.hub.external_labels = config.global_.external_labels
         self.power = PowerLimiter(nvml) if config.gpus.nvml and nvml is not None else None
         self.runtimes: dict[str, tuple[TargetConfig, Runtime]] = self._runtimes(config, None)
         self.remediator = Remediator(
@@ -160,6 +161,7 @@ class ActionPlane:
         self.config = config
         self._apply_gateway(config)
         self.hub.update(config.notifiers)
+        self.hub.external_labels = config.global_.external_labels
         self.remediator.apply(config, {k: v[1] for k, v in self.runtimes.items()})
 
     def _apply_gateway(self, config: Config) -> None:

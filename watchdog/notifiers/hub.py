@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -116,6 +116,7 @@ class NotificationHub:
         self._external_url = external_url
         self._clock = clock  # stamps answers (last_success, last_error_at) when they arrive
         self._channels: dict[str, _Channel] = {}
+        self.external_labels: Mapping[str, str] = {}  # added to sent alerts that lack them, as Prometheus
         self.update(notifiers)
         for orphan in sorted(self._queue.notifiers() - set(self._channels)):
             n = self._queue.purge(orphan)
@@ -123,6 +124,8 @@ class NotificationHub:
 
     def alerts(self, alerts: Sequence[OutgoingAlert], now: float) -> None:
         """Queue alerts for each notifier whose matchers select them (resolved ones only if send_resolved)."""
+        if self.external_labels:  # an alert's own label wins, as in Prometheus' notifier
+            alerts = [replace(a, labels={**self.external_labels, **a.labels}) for a in alerts]
         for ch in list(self._channels.values()):
             cfg = ch.config
             items = [
