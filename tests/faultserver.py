@@ -28,6 +28,7 @@ class FaultServer:
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {}
         self.requests: list[tuple[str, str, bytes]] = []
+        self.authorizations: list[tuple[str, str | None]] = []  # (path, Authorization header)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +42,7 @@ class FaultServer:
                 body = self.rfile.read(length) if length else b""
                 path = self.path.split("?")[0]
                 outer.requests.append((self.command, path, body))
+                outer.authorizations.append((path, self.headers.get("authorization")))
                 reply = outer.replies.get(path, Reply(b"not found", 404))
                 if reply.delay:
                     time.sleep(reply.delay)

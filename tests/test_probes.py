@@ -49,6 +49,21 @@ async def test_canary_discovers_model_and_needs_a_token(fault: FaultServer) -> N
         assert "secret prompt" not in (st.last_error or "")
 
 
+async def test_canary_sends_the_api_key_as_a_bearer_token_when_configured(fault: FaultServer) -> None:
+    fault.vllm_like("", model="served")
+    async with httpx.AsyncClient() as client:
+        assert (await CanaryProbe(fault.url, CanaryConfig(), client).probe(1.0)).ok
+        assert (await CanaryProbe(fault.url, CanaryConfig(api_key="sk-x"), client).probe(2.0)).ok
+    sent = [(p, a) for p, a in fault.authorizations if p.startswith("/v1/")]
+    assert sent == [
+        ("/v1/models", None),
+        ("/v1/completions", None),
+        ("/v1/models", "Bearer sk-x"),
+        ("/v1/completions", "Bearer sk-x"),
+    ]
+    assert "sk-x" not in repr(CanaryConfig(api_key="sk-x"))
+
+
 async def test_canary_timeout_is_a_failure_not_a_hang(fault: FaultServer) -> None:
     fault.vllm_like("")
     fault.set("/v1/completions", {"usage": {"completion_tokens": 1}}, delay=1.5)

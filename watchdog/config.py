@@ -48,6 +48,7 @@ class CanaryConfig:
     max_tokens: int = 1
     interval: float = 5.0
     timeout: float = 10.0
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token (vLLM --api-key)
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def _canary(node: Node) -> CanaryConfig:
     if isinstance(node.node.value, str):  # `canary: false` shorthand
         enabled = node.boolean()
         return CanaryConfig(enabled=d.enabled if enabled is None else enabled)
-    m = node.mapping({"enabled", "model", "prompt", "max_tokens", "interval", "timeout"})
+    m = node.mapping({"enabled", "model", "prompt", "max_tokens", "interval", "timeout", "api_key"})
     if m is None:
         return d
     enabled = m["enabled"].boolean() if "enabled" in m else None
@@ -280,6 +281,7 @@ def _canary(node: Node) -> CanaryConfig:
         max_tokens=max_tokens or d.max_tokens,
         interval=interval or d.interval,
         timeout=timeout or d.timeout,
+        api_key=(m["api_key"].string() or None) if "api_key" in m else None,
     )
 
 

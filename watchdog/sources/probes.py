@@ -83,9 +83,13 @@ class CanaryProbe:
         self.monotonic = monotonic
         self.model: str | None = config.model
         self.status = ProbeStatus()
+        key = config.api_key
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}  # vLLM's --api-key guards /v1
 
     async def _served_model(self) -> str:
-        resp = await self.client.get(self.base_url + "/v1/models", timeout=self.config.timeout)
+        resp = await self.client.get(
+            self.base_url + "/v1/models", headers=self.headers, timeout=self.config.timeout
+        )
         if resp.status_code != 200:
             raise ValueError(f"/v1/models returned HTTP status {resp.status_code}")
         data = _json_object(resp)
@@ -108,7 +112,7 @@ class CanaryProbe:
             "stream": False,
         }
         resp = await self.client.post(
-            self.base_url + "/v1/completions", json=body, timeout=self.config.timeout
+            self.base_url + "/v1/completions", json=body, headers=self.headers, timeout=self.config.timeout
         )
         if resp.status_code == 404 and self.config.model is None:
             self.model = None  # the served model changed (restart with another model): ask again
