@@ -108,7 +108,7 @@ async def relaunch(
     """Replace the server with `new`; if it is not ready in time, roll back to the old one exactly."""
     try:
         await drain(ctx, action_id, drain_timeout)
-        ctx.step(action_id, "replace", args=list(new.args))
+        ctx.step(action_id, "replace", argv=list(new.args))  # not `args`: LogRecord's own attribute
         try:
             await ctx.runtime.replace(new, stop_timeout)
         except ActionError as exc:
