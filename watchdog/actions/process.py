@@ -271,6 +271,9 @@ class ProcessRuntime:
         if child.members():
             log.info("target %s: stopping vLLM process %d", self.target, child.pid)
             self._signal(child, signal.SIGTERM)
+            # A stopped member (a SIGSTOPped or frozen EngineCore) acts on SIGTERM only once continued;
+            # without this it sits out the whole timeout until the SIGKILL.
+            self._signal(child, signal.SIGCONT)
             if not await self._wait_gone(child, timeout):
                 log.warning(
                     "target %s: process %d ignored SIGTERM for %.0fs: SIGKILL",
