@@ -104,9 +104,12 @@ class Remediator:
                     if action.type == "throttle" and gateway is not None:
                         gateway.release(hold_key(action, alert.labels))
                     if action.restore_after is not None:
-                        self.store.put(
-                            restore_key, {"due": now + action.restore_after, "labels": dict(alert.labels)}
-                        )
+                        resolved_at = alert.ends_at or now  # the same on every resend of this resolution
+                        held = self.store.get(restore_key)
+                        if not (isinstance(held, dict) and held.get("resolved_at") == resolved_at):
+                            due = resolved_at + action.restore_after
+                            doc = {"due": due, "resolved_at": resolved_at, "labels": dict(alert.labels)}
+                            self.store.put(restore_key, doc)
                     continue
                 if self.store.get(restore_key) is not None:  # firing again: the hold restarts at resolution
                     self.store.put(restore_key, None)  # (only then: every write is an fsync)
@@ -212,10 +215,14 @@ class Remediator:
         )
         self.audit.started(job, action_id, plan.describe, now)
         ctx = self._context(target, runtime)
-        if gateway is not None and plan.kind == "gateway":
-            outcome = await execute_gateway(action, job.labels, gateway, ctx, action_id)
-        else:
-            outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
+        try:
+            if gateway is not None and plan.kind == "gateway":
+                outcome = await execute_gateway(action, job.labels, gateway, ctx, action_id)
+            else:
+                outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
+        except Exception as exc:  # a bug in a flow: the row must not stay "running" (the busy rail reads it)
+            log.exception("action crashed", extra={"action": action.name, "target": target.name})
+            outcome = Outcome("failed", f"internal error: {exc}")
         return self._finish(job, action_id, outcome)
 
     def _gateway_of(self, target: str) -> Gateway | None:
@@ -258,8 +265,9 @@ class Remediator:
             for action in self.config.actions.values():
                 key = f"restore/{action.name}/{target.name}"
                 pending = self.store.get(key)
-                if isinstance(pending, dict) and float(pending.get("due", 0)) <= now:
-                    self.store.put(key, None)
+                due = isinstance(pending, dict) and not pending.get("queued") and float(pending["due"]) <= now
+                if isinstance(pending, dict) and due:
+                    self.store.put(key, {**pending, "queued": True})  # resends of the resolution find it done
                     self.enqueue(
                         Job(action, target, dict(pending.get("labels") or {}), "restore", restore=True)
                     )
