@@ -35,7 +35,7 @@ from .config import Config, load_config
 from .errors import ConfigError
 from .evaluation import RuleEvaluation
 from .gateway.feed import GatewayFeed
-from .gateway.metrics import GatewayCollector
+from .gateway.metrics import GatewayCollector, exposition
 from .monitor import Monitor
 from .rulefiles import RuleGroup, load_rule_files
 from .scrapelog import ScrapeLog
@@ -48,6 +48,7 @@ from .sources.selffeed import SelfFeed
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
 SHUTDOWN_GRACE = 3.0
+GATEWAY_JOB = "vllm-watchdog-gateway"  # the job label of the gateway's series in a scrape log (run --record)
 
 
 def load_all(path: str | None, env: Mapping[str, str]) -> tuple[Config, tuple[RuleGroup, ...]]:
@@ -202,7 +203,11 @@ class Daemon:
         assert self.actions is not None and self.monitor is not None
         if self.gateway_feed is None:
             self.gateway_feed = GatewayFeed(self.monitor.store)
-        self.gateway_feed.commit(await self.actions.gateway_tick(), int(now * 1000))
+        snap = await self.actions.gateway_tick()
+        self.gateway_feed.commit(snap, int(now * 1000))
+        if self.scrapelog is not None and snap is not None:  # recorded as a scrape, so `replay` sees it
+            body = exposition(snap)
+            self.scrapelog.record_scrape(t=now, job=GATEWAY_JOB, instance=snap.target, labels={}, body=body)
 
     async def _feed_self(self, now: float) -> None:
         """The own metrics that rules read go into the store (job="vllm-watchdog"), as a scrape would."""

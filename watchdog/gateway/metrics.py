@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .snapshot import GatewaySnapshot, HistogramSnapshot, SessionStats
 
@@ -23,6 +24,13 @@ class GatewayCollector(Collector):
         snap = self.snapshot()
         if snap is not None:
             yield from families(snap)
+
+
+def exposition(snap: GatewaySnapshot) -> str:
+    """One snapshot's families in the text format: what `run --record` logs, so `replay` sees the gateway."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GatewayCollector(lambda: snap))
+    return generate_latest(registry).decode()
 
 
 def families(snap: GatewaySnapshot) -> list[Metric]:
