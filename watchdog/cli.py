@@ -1,4 +1,4 @@
-"""The `vllm-watchdog` command line: run, check, targets, query, test-rules and replay."""
+"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay and top."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from .promql.compile import compile_expr
 from .promql.engine import Engine
 from .promql.remote import backend_for
 from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
-from .replay import run_replay
+from .replay import print_transitions, run_replay, summary
 from .rulefiles import RuleGroup
 from .ruletest import run_rule_tests
+from .scrapelog import ScrapeLogError
+from .top import run_top
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
@@ -139,13 +141,51 @@ def cmd_test_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Replay a recorded scrape log through the rules and print the alert timeline."""
+    """Replay a recorded scrape log through the rules and print the alert timeline (and plot it)."""
     logs.setup("error", fmt="text")
+    if args.audit and not args.plot:
+        print("vllm-watchdog: --audit marks actions on the plot: give --plot too", file=sys.stderr)
+        return EXIT_INVALID
     loaded = _load(args)
     if loaded is None:
         return EXIT_INVALID
     config, rules = loaded
-    return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
+    if not args.plot:
+        return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
+    return _plot(args, config, rules)
+
+
+def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]) -> int:
+    from .plot import PlotError, build_timeline, render_png  # noqa: PLC0415 (only `--plot` needs it)
+
+    try:
+        timeline, rp = build_timeline(
+            config, rules, args.input, audit=args.audit, start=args.start, end=args.end
+        )
+        print_transitions(rp.transitions, 0, sys.stdout)
+        summary(rp, sys.stdout)
+        name = os.path.basename(args.input)
+        title = f"{name}: {len(timeline.spans)} alert spans, {len(timeline.actions)} actions"
+        render_png(timeline, args.plot, title=title)
+    except (ScrapeLogError, PlotError) as exc:
+        print(f"vllm-watchdog: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"plot: {args.plot}")
+    return EXIT_OK
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live table of targets, gateway, alerts and actions, read from a running watchdog's API."""
+    color = sys.stdout.isatty() and not args.no_color
+    return run_top(
+        args.url,
+        interval=max(args.interval, 0.1),
+        once=args.once,
+        out=sys.stdout,
+        actions=args.actions,
+        token=os.environ.get("VLLM_WATCHDOG_TOKEN") or None,
+        color=color,
+    )
 
 
 async def _scrape_once(config: Config) -> Monitor:
@@ -283,6 +323,31 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--input", "-i", required=True, help="the scrape log (as given to run --record)")
     replay.add_argument("--start", type=float, help="first unix time to replay (default: the log's start)")
     replay.add_argument("--end", type=float, help="last unix time to replay (default: the log's end)")
+    replay.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also draw a timeline of key metrics with the alerts marked (needs [plot])",
+    )
+    replay.add_argument(
+        "--audit", metavar="STATE_DIR", help="with --plot: mark the actions of this state_dir's audit log"
+    )
+    top = _command(
+        sub,
+        "top",
+        cmd_top,
+        "live table of a running watchdog",
+        "Show targets (health, canary, queue, KV, throughput, spec acceptance), the gateway, firing "
+        "alerts, recent actions and open session breakers, read from a running watchdog's API and "
+        "refreshed every --interval. vLLM values come from the watchdog's sample store: a family that no "
+        "rule reads shows '-' unless global.keep_unreferenced is true. The token, if the API needs one, "
+        "comes from VLLM_WATCHDOG_TOKEN. Exit 0, or 2 if --once cannot read the API.",
+        config=False,
+    )
+    top.add_argument("--url", default="http://127.0.0.1:9460", help="the watchdog's API (its `listen`)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (2 if unreachable)")
+    top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
+    top.add_argument("--no-color", action="store_true", help="no ANSI colours (none when not a terminal)")
     return parser
 
 

@@ -225,6 +225,33 @@ def _records(path: str, start: float | None, end: float | None, warmup: float) -
         yield rec
 
 
+def feed(
+    rp: Replayer,
+    input_path: str,
+    *,
+    start: float | None = None,
+    end: float | None = None,
+    on_record: Callable[[float], None] | None = None,
+) -> None:
+    """Feed a recording through `rp` in time order and run every evaluation up to its end (or `end`).
+
+    `on_record(t)` is called before each record at time t is ingested, once every evaluation before t has
+    run: whatever it reads from the store then is the state at any time before t. ScrapeLogError if the
+    recording is unreadable."""
+    for rec in _records(input_path, start, end, rp.store.retention):
+        st = rp.stats
+        if st.first is None:
+            st.first = rec.t
+            rp.start(rec.t if start is None else max(start, rec.t))
+        st.last = rec.t if st.last is None else max(st.last, rec.t)
+        rp.advance(rec.t)
+        if on_record is not None:
+            on_record(rec.t)
+        rp.ingest(rec)
+    if rp.stats.last is not None:
+        rp.advance(rp.stats.last if end is None else end, inclusive=True)
+
+
 def run_replay(
     config: Config,
     groups: tuple[RuleGroup, ...],
@@ -239,28 +266,24 @@ def run_replay(
     """Replay a recording through the rules and print the alert timeline; 0 on success, 1 if unreadable."""
     rp = Replayer(config, groups, dispatch=dispatch)
     printed = 0
+
+    def print_new(t: float) -> None:
+        nonlocal printed
+        printed = print_transitions(rp.transitions, printed, out)
+
     try:
-        for rec in _records(input_path, start, end, rp.store.retention):
-            st = rp.stats
-            if st.first is None:
-                st.first = rec.t
-                rp.start(rec.t if start is None else max(start, rec.t))
-            st.last = rec.t if st.last is None else max(st.last, rec.t)
-            rp.advance(rec.t)
-            rp.ingest(rec)
-            printed = _print_new(rp.transitions, printed, out)
+        feed(rp, input_path, start=start, end=end, on_record=print_new)
     except ScrapeLogError as exc:
         print(f"vllm-watchdog: {exc}", file=err or sys.stderr)
         return 1
-    if rp.stats.last is not None:
-        rp.advance(rp.stats.last if end is None else end, inclusive=True)
-    _print_new(rp.transitions, printed, out)
-    _summary(rp, out)
+    print_transitions(rp.transitions, printed, out)
+    summary(rp, out)
     rp.close()
     return 0
 
 
-def _print_new(transitions: list[Transition], done: int, out: TextIO) -> int:
+def print_transitions(transitions: list[Transition], done: int, out: TextIO) -> int:
+    """Print the transitions from index `done` on, one line each; returns how many are printed in all."""
     for tr in transitions[done:]:
         labels = ",".join(f'{k}="{v}"' for k, v in tr.labels if k != "alertname")
         if tr.state == "error":
@@ -278,7 +301,8 @@ def _when(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _summary(rp: Replayer, out: TextIO) -> None:
+def summary(rp: Replayer, out: TextIO) -> None:
+    """What was replayed, transitions per alert, and what is active at the end."""
     st = rp.stats
     counts = ", ".join(f"{n} {k}" for k, n in sorted(st.records.items())) or "no records"
     span = f"{_when(st.first)} .. {_when(st.last)}" if st.first is not None and st.last is not None else "-"
