@@ -387,4 +387,3 @@ def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> No
         max_queue=queue or d.max_queue,
         **durations,
     )
-
