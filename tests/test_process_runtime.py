@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -371,6 +372,23 @@ async def test_sigterm_is_followed_by_sigkill_after_the_timeout(make: Callable[.
     await runtime.stop(0.5)
     assert not alive(pid)
     assert not await runtime.is_running()
+
+
+async def test_a_sigstopped_engine_is_continued_so_it_acts_on_sigterm(
+    tmp_path: Path, make: Callable[..., ProcessRuntime], caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    engine_file = tmp_path / "engine.pid"
+    runtime = make("--engine-pid-file", str(engine_file), port=port)
+    await runtime.ensure_running()
+    await health(port)
+    await until(engine_file.exists)
+    engine = int(engine_file.read_text())
+    os.kill(engine, signal.SIGSTOP)  # a frozen EngineCore, as the hung-engine demo makes one
+    with caplog.at_level(logging.WARNING, logger="vllm_watchdog"):
+        await runtime.stop(60.0)  # without SIGCONT it would sit out all 60 s, then SIGKILL
+    assert not alive(engine)
+    assert not [r for r in caplog.records if "ignored SIGTERM" in r.getMessage()]
 
 
 async def test_failures_are_action_errors(tmp_path: Path, make: Callable[..., ProcessRuntime]) -> None:

@@ -8,7 +8,9 @@ which must hold over hours of simulated alerts.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -279,6 +281,53 @@ async def test_reconfigure_restores_after_the_hold() -> None:
     await r.tick(clock.t)
     await settle(r)
     assert rt.current.args == ARGS and rt.calls == ["replace", "commit", "replace", "commit"]
+
+
+async def test_a_restore_is_due_from_the_resolution_not_from_each_resend_of_it() -> None:
+    r, rt, _, _, clock = make()
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    resolved_at = clock.t
+    resolved = replace(alert("Hot", "resolved"), ends_at=resolved_at)
+    for _ in range(10):  # Prometheus resends a resolved alert every minute for 15 minutes
+        r.handle([resolved], clock.t)
+        clock.t += 60
+        await r.tick(clock.t)
+        await settle(r)
+    assert clock.t >= resolved_at + 600
+    assert rt.current.args == ARGS  # restored 10 m after the resolution, though it was resent since
+    for _ in range(5):
+        r.handle([resolved], clock.t)
+        clock.t += 60
+        await r.tick(clock.t)
+        await settle(r)
+    assert rt.calls == ["replace", "commit", "replace", "commit"]  # and only once
+    assert [rec.outcome for rec in r.store.history()] == ["succeeded", "succeeded"]
+
+
+async def test_relaunch_actions_run_with_info_logging(caplog: pytest.LogCaptureFixture) -> None:
+    r, *_ = make()
+    with caplog.at_level(logging.INFO, logger="vllm_watchdog"):
+        r.handle([alert("SpecBad")], 0.0)
+        await settle(r)
+    assert [rec.outcome for rec in r.store.history()] == ["succeeded"]
+    assert any(rec.getMessage() == "action step" for rec in caplog.records)
+
+
+async def test_a_crashing_flow_is_recorded_as_failed_and_does_not_block_the_target() -> None:
+    r, rt, *_ = make()
+
+    async def broken(launch: Launch, stop_timeout: float) -> None:
+        raise RuntimeError("a bug")
+
+    rt.replace = broken  # type: ignore[method-assign]
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    (rec,) = r.store.history()
+    assert rec.outcome == "failed" and rec.reason == "internal error: a bug"
+    r.handle([alert("Hung")], 1.0)
+    await settle(r)
+    assert r.store.history()[0].outcome == "succeeded" and rt.calls[-2:] == ["stop", "start"]
 
 
 async def test_a_failed_stop_fails_the_action_and_backs_off() -> None:
