@@ -176,7 +176,7 @@ state_dir: {tmp_path / "state"}
 targets:
   - {{name: vllm-0, url: "{fault.url}", canary: {{enabled: true, interval: 1s, timeout: 2s}}}}
 rule_files: [q.rules.yml]
-gateway: {{listen: 127.0.0.1:{gport}, max_in_flight: 16}}
+gateway: {{listen: 127.0.0.1:{gport}, max_in_flight: 16, sessions: {{breaker_duration: 7m}}}}
 actions:
   squeeze: {{type: throttle, limit: 4}}
 routes:
@@ -194,6 +194,13 @@ routes:
         timeout=5,
     )
     assert resp.status_code == 200, resp.text
+    default = httpx.post(  # no duration: the configured sessions.breaker_duration
+        api + "/api/v1/gateway/breakers",
+        json={"session": "agent-9"},
+        headers={"Authorization": "Bearer top-token"},
+        timeout=5,
+    )
+    assert default.status_code == 200 and default.json()["seconds"] == 420, default.text
     poll(api + "/api/v1/targets", lambda j: j["data"][0]["canary"]["success"], 30, "a canary", log)
 
     done = _top(api)

@@ -257,7 +257,8 @@ def control_routes(
         if not session:
             raise BadRequest("session: must not be empty")
         try:
-            duration = parse_duration(_string(body, "duration", default="5m"))
+            given = _string(body, "duration", default="")
+            duration = parse_duration(given) if given else gw.server.config.sessions.breaker_duration
         except ValueError as exc:
             raise BadRequest(f"duration: {exc}") from None
         if duration <= 0:
