@@ -183,10 +183,12 @@ async def test_drain_flags_in_the_store_reach_the_gateway(rig: Callable[..., Any
 
     r.store.set_drain("vllm-0", True, r.clock())
     assert await draining()
+    assert (await r.control.status_json())["draining"] is True  # live, not the last tick's snapshot
     r.store.set_drain("other-target", False, r.clock())
     assert await draining()  # another target's flag is not ours
     r.store.set_drain("vllm-0", False, r.clock())
     assert not await draining()
+    assert (await r.control.status_json())["draining"] is False
     job = r.remediator.run_manual("hold", "vllm-0")
     assert job.done is not None and (await job.done)["outcome"] == "succeeded"
     assert await draining() and "vllm-0" in r.store.drains()

@@ -198,19 +198,21 @@ class GatewayControl:
 
     async def status_json(self) -> dict[str, Any]:
         """GET /api/v1/gateway."""
-        throttle, breakers = await self.server.call(
-            lambda: (self.server.throttle.state(), self.server.gate.breakers())
+        gate = (
+            self.server.gate
+        )  # read live on the gateway's loop: the last tick's snapshot may be a second old
+        throttle, breakers, limit, draining = await self.server.call(
+            lambda: (self.server.throttle.state(), gate.breakers(), gate.limit, gate.draining)
         )
         mono = self.monotonic()
-        snap = self.snapshot
         return {
             "target": self.target,
             "listen": self.listen,
             "upstream": self.server.config.upstream,
-            "limit": None if snap is None else snap.gate.limit,
+            "limit": limit,
             "ceiling": self.server.config.max_in_flight,
             "in_flight": self.in_flight(),
-            "draining": None if snap is None else snap.gate.draining,
+            "draining": draining,
             "throttle": throttle,
             "breakers": {
                 s: {"seconds_left": round(until - mono, 3), "reason": reason}
