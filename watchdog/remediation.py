@@ -265,8 +265,7 @@ class Remediator:
             for action in self.config.actions.values():
                 key = f"restore/{action.name}/{target.name}"
                 pending = self.store.get(key)
-                due = isinstance(pending, dict) and not pending.get("queued") and float(pending["due"]) <= now
-                if isinstance(pending, dict) and due:
+                if isinstance(pending, dict) and not pending.get("queued") and float(pending["due"]) <= now:
                     self.store.put(key, {**pending, "queued": True})  # resends of the resolution find it done
                     self.enqueue(
                         Job(action, target, dict(pending.get("labels") or {}), "restore", restore=True)

@@ -90,11 +90,8 @@ class Audit:
 
     def skip(self, job: Job, rail: str, reason: str, now: float) -> dict[str, Any]:
         """A rail (or nothing to do) stopped an action; repeats of the same rail are logged sparingly."""
-        key = (job.action.name, job.target.name)
         self.count(job.action.name, job.target.name, "skipped")
-        last = self._last_skip.get(key)
-        if last is None or last[0] != rail or now - last[1] >= SKIP_REPEAT or job.trigger == "manual":
-            self._last_skip[key] = (rail, now)
+        if _fresh(self._last_skip, (job.action.name, job.target.name), rail, now, job.trigger):
             self._record(job, "skipped", reason, self.dry(job.action), now)
             self._event(job, "skipped", reason, now, None)
             extra = {"action": job.action.name, "target": job.target.name, "rail": rail, "reason": reason}
@@ -125,10 +122,7 @@ class Audit:
         """An action the config does not allow on this target (or no target at all); a firing alert asks again
         each resend, so the same refusal is written and logged at most every SKIP_REPEAT seconds."""
         self.count(action.name, target, "refused")
-        key = (action.name, target)
-        last = self._last_refusal.get(key)
-        if last is None or last[0] != reason or now - last[1] >= SKIP_REPEAT or trigger == "manual":
-            self._last_refusal[key] = (reason, now)
+        if _fresh(self._last_refusal, (action.name, target), reason, now, trigger):
             self.store.record(
                 action.name, action.type, target, trigger, labels, "refused", reason, self.dry(action), now
             )
@@ -151,3 +145,15 @@ class Audit:
             action_id=action_id,
         )
         self.hub.event(event, now)
+
+
+def _fresh(
+    last: dict[tuple[str, str], tuple[str, float]], key: tuple[str, str], why: str, now: float, trigger: str
+) -> bool:
+    """Whether a repeated decision is worth a row and a log line: a new reason, SKIP_REPEAT seconds since the
+    last one written, or asked for by hand. Notes the time when it is."""
+    seen = last.get(key)
+    if seen is None or seen[0] != why or now - seen[1] >= SKIP_REPEAT or trigger == "manual":
+        last[key] = (why, now)
+        return True
+    return False
