@@ -15,7 +15,7 @@ from .actions.power import PowerLimiter
 from .actions.readiness import ReadyCheck
 from .actions.runtime import Runtime
 from .actions.runtimes import build_runtimes
-from .actions.state import ActionStore
+from .actions.state import ACTIONS_DB, ActionStore
 from .alerting import OutgoingAlert
 from .background import Background
 from .config import Config, TargetConfig
@@ -28,7 +28,6 @@ from .promql.values import QueryError, Vector
 from .remediation import Remediator
 
 log = logging.getLogger(__name__)
-ACTIONS_DB = "actions.sqlite"
 NOTIFY_DB = "notifications.sqlite"
 
 

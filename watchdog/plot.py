@@ -21,8 +21,6 @@ from .promql.values import QueryError, Scalar, Vector
 from .replay import Replayer, Transition, feed
 from .rulefiles import RuleGroup
 
-ACTIONS_DB = "actions.sqlite"  # the audit log's file in state_dir (watchdog/actionplane.py)
-
 
 class PlotError(Exception):
     """The plot cannot be made: matplotlib is missing, or the audit log cannot be read."""
@@ -174,7 +172,7 @@ def alert_spans(transitions: Sequence[Transition]) -> list[AlertSpan]:
 
 def read_audit(path: str, start: float, end: float) -> list[ActionMark]:
     """Actions started within [start, end] from a state_dir (or its actions.sqlite), oldest first."""
-    from .actions.state import ActionStore  # noqa: PLC0415 (keeps `replay` without --audit light)
+    from .actions.state import ACTIONS_DB, ActionStore  # noqa: PLC0415 (keeps `replay` without --audit light)
 
     db = os.path.join(path, ACTIONS_DB) if os.path.isdir(path) else path
     if not os.path.isfile(db):

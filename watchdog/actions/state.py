@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 OUTCOMES = ("succeeded", "failed", "rolled_back", "skipped", "would_do", "refused")
 """How an action ends; a begun, unfinished action's outcome is "running"."""
 _HEADER = b"SQLite format 3\x00"
+ACTIONS_DB = "actions.sqlite"  # the store's file in state_dir (the audit log `replay --audit` reads)
 BUSY_TIMEOUT_MS = 2000  # another ActionStore on the same file (a reconcile) may hold the write lock briefly
 
 _V1 = (
