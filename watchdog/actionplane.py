@@ -26,6 +26,7 @@ from .notifiers.hub import NotificationHub
 from .promql.engine import Engine
 from .promql.values import QueryError, Vector
 from .remediation import Remediator
+from .statehealth import StateHealth
 
 log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"
@@ -55,12 +56,17 @@ class ActionPlane:
         self.config = config
         self.engine = engine
         self.clock = clock
+        self.monotonic = monotonic
         self.docker_client = docker_client
         self.systemctl = tuple(systemctl)
         state = config.state_dir
-        if state:
-            os.makedirs(state, exist_ok=True)
-        self.store = ActionStore(os.path.join(state, ACTIONS_DB) if state else None)
+        # An unwritable state_dir must not stop monitoring: the stores fall back to memory, and disruptive
+        # actions are refused until it can be written (see statehealth).
+        self.health = StateHealth(state) if state else None
+        if self.health is not None:
+            self.health.check(monotonic())
+        self.store = ActionStore(os.path.join(state, ACTIONS_DB) if state else None, health=self.health)
+        self._deferred = False  # start-up reconcile and process starts wait for a writable state_dir
         self.client = client_factory()
         self.hub = NotificationHub(
             config.notifiers,
@@ -68,6 +74,7 @@ class ActionPlane:
             self.client,
             external_url=f"http://{config.listen_host}:{config.listen_port}",
             clock=clock,
+            state_health=self.health,
         )
         self.hub.external_labels = config.global_.external_labels
         self.power = PowerLimiter(nvml) if config.gpus.nvml and nvml is not None else None
@@ -81,6 +88,8 @@ class ActionPlane:
             power=self.power,
             running_requests=self.running_requests,
             clock=clock,
+            monotonic=monotonic,
+            state=self.health,
         )
         self._background = Background()
         self.gateway: GatewayControl | None = None
@@ -139,8 +148,20 @@ class ActionPlane:
         self._background.spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
+        if self._unrecordable() and (self.store.unfinished() or self._starts_processes()):
+            # Reconciling or starting vLLM stops or starts servers, which must be recorded to be safe.
+            log.error(
+                "state_dir is not writable: actions left in flight are reconciled, and process-mode vLLM "
+                "started, once it is",
+                extra={"state_dir": self.config.state_dir},
+            )
+            self._deferred = True
+            if not self.store.unfinished():
+                self.remediator.reconciled.set()  # nothing to reconcile: non-disruptive actions may run
+            return
         try:
-            await self.remediator.reconcile()
+            if not self.remediator.reconciled.is_set():  # a deferred start finds it done if nothing was left
+                await self.remediator.reconcile()
             for name, (_, runtime) in self.runtimes.items():
                 ensure = getattr(runtime, "ensure_running", None)
                 if ensure is not None and not self.store.paused()[0] and await ensure():
@@ -149,6 +170,12 @@ class ActionPlane:
             log.exception("reconciling actions at start-up failed")
         finally:
             self.remediator.reconciled.set()
+
+    def _unrecordable(self) -> bool:
+        return self.health is not None and not self.health.check(self.monotonic())
+
+    def _starts_processes(self) -> bool:
+        return any(hasattr(runtime, "ensure_running") for _, runtime in self.runtimes.values())
 
     def apply(self, config: Config) -> None:
         """A reloaded config: new notifiers, routes and actions; runtimes of unchanged targets are kept."""
@@ -198,7 +225,10 @@ class ActionPlane:
         await self.hub.deliver(now)
 
     async def tick(self, now: float) -> None:
-        """Restores, process supervision and own alerts."""
+        """The state_dir probe, restores, process supervision and own alerts."""
+        if self.health is not None and self.health.tick(self.monotonic()) and self._deferred:
+            self._deferred = False
+            self._background.spawn(self._start(), "actions:start")
         if self.remediator.reconciled.is_set():
             await self.remediator.tick(now)
 

@@ -322,7 +322,8 @@ class Daemon:
         )
         self.evaluation.on_alerts = self.actions.on_alerts
         registry = CollectorRegistry(auto_describe=False)
-        own = (WatchdogCollector(mon, self.counters, self.evaluation), ActionCollector(self._actions))
+        watchdog = WatchdogCollector(mon, self.counters, self.evaluation, lambda: self._actions().health)
+        own = (watchdog, ActionCollector(self._actions))
         for collector in own:
             registry.register(collector)
         host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host

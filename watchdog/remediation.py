@@ -24,10 +24,12 @@ from .config import Config, TargetConfig
 from .errors import ActionError
 from .notifiers.hub import NotificationHub
 from .router import route, target_of
+from .statehealth import StateHealth
 from .watchdogalerts import WatchdogAlerts
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
+STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 # Process mode: a child that died on its own is started again, under the same rails as any restart.
 RESPAWN = ActionConfig(
@@ -59,9 +61,11 @@ class Remediator:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        state: StateHealth | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        self.state = state  # the state_dir's health: a disruptive action that cannot be recorded is refused
         self.rails = Rails(store)
         self.runtimes = dict(runtimes)
         self.ready = ready
@@ -203,6 +207,9 @@ class Remediator:
             return self._skip(job, Verdict(False, plan.skip, "nothing_to_do"), now)
         if self._dry(action):
             return self.audit.would_do(job, plan.describe, now)
+        unrecordable = self._unrecordable(action)
+        if unrecordable:
+            return self._skip(job, Verdict(False, unrecordable, STATE_RAIL), now)
         action_id = self.store.begin(
             action.name,
             action.type,
@@ -213,6 +220,9 @@ class Remediator:
             now,
             needed_at=job.needed_at,
         )
+        if action.disruptive and self.store.degraded:  # the row went to memory: the file refused it just now
+            problem = self._unrecordable(action) or "state_unwritable: the audit log could not be written"
+            return self._finish(job, action_id, Outcome("skipped", problem))
         self.audit.started(job, action_id, plan.describe, now)
         ctx = self._context(target, runtime)
         try:
@@ -224,6 +234,16 @@ class Remediator:
             log.exception("action crashed", extra={"action": action.name, "target": target.name})
             outcome = Outcome("failed", f"internal error: {exc}")
         return self._finish(job, action_id, outcome)
+
+    def _unrecordable(self, action: ActionConfig) -> str:
+        """Why a disruptive action cannot run now because its audit row could not be kept ("" if it can):
+        the state_dir must pass a fresh write probe and the store must be on its file."""
+        if not action.disruptive or self.state is None:
+            return ""
+        problem = self.state.refusal(self.monotonic())
+        if not problem and self.store.degraded:
+            problem = "state_unwritable: the action database is kept in memory until its file can be written"
+        return problem
 
     def _gateway_of(self, target: str) -> Gateway | None:
         gw = self.gateway
@@ -326,6 +346,10 @@ class Remediator:
             "status": "success",
             "data": {
                 "dry_run": self.config.dry_run,
+                "state": {
+                    "writable": self.state is None or self.state.writable,
+                    "problem": "" if self.state is None else self.state.problem,
+                },
                 "paused": {"paused": paused, "reason": reason, "since": since},
                 "running": {t: j.action.name for t, j in self.current.items()},
                 "queued": {t: [j.action.name for j in q] for t, q in self.queues.items() if q},

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .evaluation import RuleEvaluation
+from .actionplane import NOTIFY_DB
+from .actions.state import ACTIONS_DB
+from .evaluation import STATE_FILE, RuleEvaluation
 from .monitor import Monitor
+from .statehealth import PROBE_FILE, StateHealth
+
+STATE_FILES = (ACTIONS_DB, NOTIFY_DB, STATE_FILE, PROBE_FILE)  # their write error counters start at 0
 
 
 @dataclass
@@ -33,11 +38,16 @@ class WatchdogCollector(Collector):
     """Exports scrape, probe, store and daemon state of one Monitor."""
 
     def __init__(
-        self, monitor: Monitor, counters: DaemonCounters, evaluation: RuleEvaluation | None = None
+        self,
+        monitor: Monitor,
+        counters: DaemonCounters,
+        evaluation: RuleEvaluation | None = None,
+        state: Callable[[], StateHealth | None] = lambda: None,
     ) -> None:
         self.monitor = monitor
         self.counters = counters
         self.evaluation = evaluation
+        self.state = state
 
     def collect(self) -> Iterator[Metric]:
         """Build every family from current state."""
@@ -87,6 +97,10 @@ class WatchdogCollector(Collector):
         if self.evaluation is not None:
             yield from _alerts(self.evaluation)
             yield from _evaluations(self.evaluation)
+        health = self.state()
+        if health is not None:
+            alerts = self.evaluation.manager.persistence_errors if self.evaluation is not None else 0
+            yield from _state(health, alerts)
 
     def _scrapes(self, m: Monitor) -> Iterator[Metric]:
         labels = ["job", "instance"]
@@ -138,6 +152,27 @@ class WatchdogCollector(Collector):
                 fams["vllm_watchdog_canary_success"].add_metric(key, 1 if cs.ok else 0)
                 fams["vllm_watchdog_canary_latency_seconds"].add_metric(key, cs.latency)
         yield from fams.values()
+
+
+def _state(health: StateHealth, alert_file_errors: int) -> Iterator[Metric]:
+    writable = GaugeMetricFamily(
+        "vllm_watchdog_state_writable",
+        "1 if state_dir can be written (last probe, and every state file on disk); 0: disruptive actions "
+        "are refused.",
+    )
+    writable.add_metric([], 1 if health.writable else 0)
+    yield writable
+    errors = CounterMetricFamily(
+        "vllm_watchdog_state_write_errors",
+        "Failed writes to files in state_dir (the probe, the action database, the notification queue, the "
+        "alert state), by file.",
+        labels=["file"],
+    )
+    counts = {name: 0 for name in STATE_FILES} | health.errors
+    counts[STATE_FILE] += alert_file_errors  # the alert state file counts its own (alertstate.StateFile)
+    for name, n in sorted(counts.items()):
+        errors.add_metric([name], n)
+    yield errors
 
 
 def _alerts(ev: RuleEvaluation) -> Iterator[Metric]:

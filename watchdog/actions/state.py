@@ -10,10 +10,16 @@ and that is when a GPU host tends to go down and when the next watchdog must kno
 A file that is not a database or fails SQLite's quick check is moved aside to `<path>.corrupt-<n>` (with its
 WAL, which must not be replayed into the new file) and a fresh database is created, with an error logged; a
 database from a newer watchdog goes to `<path>.newer-<n>` the same way. Nothing is deleted.
+
+A file that cannot be opened or written (read-only, permission denied, disk full) does not stop the
+watchdog: the store moves to a copy in memory and back once the file can be written (statehealth.FallbackDB);
+`degraded` says which it uses. Every public write goes through `_write`, which does the move.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import sqlite3
@@ -22,8 +28,9 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from ..statehealth import FallbackDB, StateHealth, merge_rows
 from .records import MATCH_OPS, ActionRecord, Silence, StepRecord, parse_silence_matchers
 
 __all__ = [
@@ -75,6 +82,12 @@ Migration = Sequence[str] | Callable[[sqlite3.Connection], None]
 MIGRATIONS: Mapping[int, Migration] = {1: _V1}
 """The migration hook: version -> its migration; each runs in one transaction with its version bump."""
 SCHEMA_VERSION = max(MIGRATIONS)
+_TABLES = ("actions", "steps", "specs", "drains", "silences", "pause", "kv")
+_AUTOINCREMENTED = {  # the columns that hold an id of an AUTOINCREMENT table, by table
+    "actions": {"id": "actions"},
+    "steps": {"id": "steps", "action_id": "actions"},
+    "drains": {"action_id": "actions"},
+}
 
 
 _COLUMNS = ", ".join(f.name for f in fields(ActionRecord) if f.name != "steps")
@@ -116,7 +129,8 @@ def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     try:
         yield db
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # SQLite has rolled back by itself after a full disk or an I/O error
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
@@ -168,20 +182,66 @@ def _check_outcome(outcome: str) -> None:
         raise ValueError(f"unknown outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
 
 
-class ActionStore:
-    """The remediation state database; `path` None keeps it in memory. Use it from one thread."""
+def _memory() -> sqlite3.Connection:
+    return sqlite3.connect(":memory:", isolation_level=None)
 
-    def __init__(self, path: str | None) -> None:
+
+def _merge(memory: sqlite3.Connection, disk: sqlite3.Connection) -> bool:
+    """Write a memory store begun empty (its file was unreadable) into the file's database: audit rows after
+    the file's, other rows over the file's. Not while an action runs: its flow holds its row's id."""
+    if memory.execute("SELECT 1 FROM actions WHERE outcome = 'running' LIMIT 1").fetchone():
+        return False
+    with _transaction(disk):
+        merge_rows(memory, disk, _TABLES, _AUTOINCREMENTED)
+    return True
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _write(method: Callable[Concatenate[ActionStore, P], R]) -> Callable[Concatenate[ActionStore, P], R]:
+    """A write: on a file that refuses it, the store moves to memory and the write is done there."""
+
+    def write(self: ActionStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._file is None:
+            return method(self, *args, **kwargs)
+        return self._file.run(lambda: method(self, *args, **kwargs))
+
+    functools.update_wrapper(write, method)  # the name and docstring; its return type would lose `self`
+    return write
+
+
+class ActionStore:
+    """The remediation state database; `path` None keeps it in memory. Use it from one thread. `health`
+    is told when the file cannot be written and moves the store back to it (see statehealth)."""
+
+    def __init__(self, path: str | None, *, health: StateHealth | None = None) -> None:
         self.path = path
         self.moved_aside: Path | None = None  # where an unusable file went, if one did
         self.on_drain: Callable[[str, bool], None] | None = None  # told of every drain change (the gateway)
+        self._file: FallbackDB | None = None
         if path is None:
-            self._db = _connect(":memory:")
+            self._memory = _connect(":memory:")
             return
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # an unwritable parent: the store starts in memory
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        prepare = functools.partial(migrate, where=path)
+        self._file = FallbackDB(path, self._open, _memory, prepare, _merge, health=health)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._memory if self._file is None else self._file.db
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the store works on a copy in memory because its file cannot be written."""
+        return self._file is not None and self._file.degraded
+
+    def _open(self, path: str) -> sqlite3.Connection:
+        """The file's database; an unusable file is moved aside and a new one made."""
         try:
-            self._db = _connect(path)
-            return
+            return _connect(path)
         except NewerSchemaError as exc:
             self.moved_aside = _move_aside(Path(path), "newer")
             log.error("%s: moved it to %s and started a new one", exc, self.moved_aside)
@@ -194,7 +254,7 @@ class ActionStore:
                 "log, silences and saved launch specs in it are not used",
                 *(path, exc, self.moved_aside),
             )
-        self._db = _connect(path)
+        return _connect(path)
 
     def close(self) -> None:
         """Close the database; the store is unusable afterwards."""
@@ -202,6 +262,7 @@ class ActionStore:
 
     # --- the audit log ---
 
+    @_write
     def begin(
         self,
         action: str,
@@ -221,6 +282,7 @@ class ActionStore:
             (action, type, target, trigger, labels_json, dry_run, "running", "", now, None, needed_at)
         )
 
+    @_write
     def record(
         self,
         action: str,
@@ -252,6 +314,7 @@ class ActionStore:
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    @_write
     def step(self, action_id: int, step: str, now: float, details: Mapping[str, Any] | None = None) -> None:
         """Set a running action's current step and append it to its step log."""
         with _transaction(self._db) as db:
@@ -262,6 +325,7 @@ class ActionStore:
                 (action_id, step, now, _json(dict(details)) if details else None),
             )
 
+    @_write
     def finish(
         self,
         action_id: int,
@@ -343,6 +407,7 @@ class ActionStore:
             out.append(ActionRecord(**doc, steps=tuple(logs.get(doc["id"], ()))))
         return out
 
+    @_write
     def prune(self, before: float) -> int:
         """Forget rows that never ran (skipped, would_do, refused, dry runs) and silences that ended before
         `before`; how many rows. Real runs are kept: backoff and crash loops look back across them."""
@@ -358,6 +423,7 @@ class ActionStore:
 
     # --- saved launch specs ---
 
+    @_write
     def save_spec(self, target: str, key: str, text: str, now: float) -> None:
         """Keep a launch spec (a Launch's JSON) under `key`, replacing an older one."""
         self._db.execute(
@@ -373,12 +439,14 @@ class ActionStore:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    @_write
     def drop_spec(self, target: str, key: str) -> None:
         """Forget a saved spec (none: no error)."""
         self._db.execute("DELETE FROM specs WHERE target = ? AND key = ?", (target, key))
 
     # --- drain flags ---
 
+    @_write
     def set_drain(self, target: str, drained: bool, now: float, action_id: int | None = None) -> None:
         """Mark a target drained (admit no new requests) or admitting again; a second drain keeps the time."""
         if not drained:
@@ -398,6 +466,7 @@ class ActionStore:
 
     # --- silences ---
 
+    @_write
     def add_silence(
         self,
         matchers: Sequence[Mapping[str, Any]],
@@ -430,6 +499,7 @@ class ActionStore:
         )
         return [Silence(r[0], parse_silence_matchers(json.loads(r[1])), *r[2:]) for r in rows]
 
+    @_write
     def expire_silence(self, silence_id: str, now: float) -> bool:
         """End a silence now; False if there is no such silence or it has ended already."""
         cur = self._db.execute(
@@ -441,6 +511,7 @@ class ActionStore:
 
     # --- pause ---
 
+    @_write
     def set_paused(self, paused: bool, reason: str, now: float) -> None:
         """Pause or resume every action. Resuming also ends crash-loop refusals (see rails)."""
         self._db.execute(
@@ -461,6 +532,7 @@ class ActionStore:
         row = self._db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    @_write
     def put(self, key: str, value: Any) -> None:
         """Keep a JSON-serialisable value under `key` (TypeError if it is not); None removes the key."""
         if value is None:

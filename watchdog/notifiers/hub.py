@@ -20,6 +20,7 @@ import httpx
 
 from ..actionconfig import NotifierConfig, matches_all
 from ..alerting import OutgoingAlert
+from ..statehealth import StateHealth
 from .alertmanager import alert_identity, alerts_body, api_url
 from .delivery import MAX_BATCH, backoff, decode_alert, decode_event, encode_alert, post
 from .queue import DeliveryQueue, Item, NewItem
@@ -89,6 +90,7 @@ class _Channel:
     retries: int = 0
     attempts: int = 0  # consecutive transient failures
     next_attempt: float | None = None
+    wait: float = 0.0  # the backoff that set next_attempt
     last_error: str = ""
     last_error_at: float | None = None
     last_success: float | None = None
@@ -110,8 +112,9 @@ class NotificationHub:
         *,
         external_url: str = "",
         clock: Callable[[], float] = time.time,
+        state_health: StateHealth | None = None,
     ) -> None:
-        self._queue = DeliveryQueue(db_path)
+        self._queue = DeliveryQueue(db_path, health=state_health)  # falls back to memory if it cannot write
         self._client = client
         self._external_url = external_url
         self._clock = clock  # stamps answers (last_success, last_error_at) when they arrive
@@ -160,12 +163,19 @@ class NotificationHub:
             )
 
     async def deliver(self, now: float) -> None:
-        """One pass: send every queued item of each notifier not backing off, in batches; never raises."""
+        """One pass: send every queued item of each notifier not backing off, in batches; never raises.
+
+        Backoff deadlines are in the wall-clock time `now` comes in; a clock set back never stretches a wait
+        beyond the backoff that set it (a clock set forward only retries early)."""
         try:
             up_to = self._queue.last_id()
         except Exception as exc:
             log.error("notification queue unreadable", extra={"error": str(exc)})
             return
+        for ch in self._channels.values():
+            if ch.next_attempt is not None and ch.next_attempt - now > ch.wait:
+                # The wall clock went back: wait out the backoff from now, not until the clock catches up.
+                ch.next_attempt = now + ch.wait
         due = [
             ch
             for ch in self._channels.values()
@@ -190,7 +200,8 @@ class NotificationHub:
         except Exception as exc:  # a bug or a failing disk must not stop the daemon; the items stay queued
             log.exception("notification delivery failed", extra={"notifier": ch.config.name})
             ch.attempts += 1
-            ch.next_attempt = now + backoff(ch.attempts, ch.config.backoff_initial, ch.config.backoff_max)
+            ch.wait = backoff(ch.attempts, ch.config.backoff_initial, ch.config.backoff_max)
+            ch.next_attempt = now + ch.wait
             ch.last_error, ch.last_error_at = f"{type(exc).__name__}: {exc}", self._clock()
         finally:
             ch.busy = False
@@ -240,7 +251,7 @@ class NotificationHub:
         delay = backoff(ch.attempts, cfg.backoff_initial, cfg.backoff_max)
         if outcome.retry_after is not None:
             delay = max(delay, min(outcome.retry_after, cfg.backoff_max))
-        ch.next_attempt = now + delay
+        ch.next_attempt, ch.wait = now + delay, delay
         ch.last_error, ch.last_error_at = outcome.error, self._clock()
         log.warning(
             "notifier unreachable, will retry",

@@ -2,6 +2,10 @@
 
 Items stay in the table until the receiver has taken them (or refused them for good), so a watchdog
 restart loses nothing. Used from the asyncio loop thread only; every call is a short local transaction.
+
+A file that cannot be opened or written (read-only, full disk) does not stop delivery: the queue moves to
+memory, with a warning, and back to the file once it can be written (statehealth.FallbackDB). Items then
+queued only in memory are lost if the watchdog stops before that.
 """
 
 from __future__ import annotations
@@ -9,11 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+from ..statehealth import FallbackDB, StateHealth
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -27,6 +35,9 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_by_notifier ON items (notifier, id);
 CREATE INDEX IF NOT EXISTS items_by_key ON items (notifier, key);
 """
+# Ids of a queue begun in memory start here, above any id of its file, so that moving its items into the file
+# keeps their ids (and their order after the file's) even while a delivery holds them.
+MEMORY_ID_BASE = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -50,26 +61,41 @@ class NewItem:
 
 
 class DeliveryQueue:
-    """Queued items per notifier in a SQLite file (WAL), or in memory when `path` is None."""
+    """Queued items per notifier in a SQLite file (WAL), or in memory when `path` is None. `health` is told
+    when the file cannot be written and moves the queue back to it (see statehealth)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, *, health: StateHealth | None = None) -> None:
         self.path = path
-        self._db = self._open()
+        self._file: FallbackDB | None = None
+        if path is None:
+            self._memory = self._prepare(sqlite3.connect(":memory:"))
+        else:
+            self._file = FallbackDB(path, self._open, _memory, self._prepare, _merge, health=health)
 
-    def _open(self) -> sqlite3.Connection:
-        if self.path is None:
-            return self._prepare(sqlite3.connect(":memory:"))
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._memory if self._file is None else self._file.db
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the queue is kept in memory because its file cannot be written."""
+        return self._file is not None and self._file.degraded
+
+    def _open(self, path: str) -> sqlite3.Connection:
         try:
-            return self._prepare(sqlite3.connect(self.path))
+            return self._prepare(sqlite3.connect(path))
         except sqlite3.OperationalError:
             raise  # locked, unreadable directory...: not corruption, nothing to move aside
         except sqlite3.DatabaseError as exc:
-            aside = self._move_aside(self.path)
+            aside = self._move_aside(path)
             log.error(
                 "notification queue unreadable; moved aside, starting empty",
-                extra={"path": self.path, "moved_to": aside, "error": str(exc)},
+                extra={"path": path, "moved_to": aside, "error": str(exc)},
             )
-            return self._prepare(sqlite3.connect(self.path))
+            return self._prepare(sqlite3.connect(path))
+
+    def _write(self, write: Callable[[], T]) -> T:
+        return write() if self._file is None else self._file.run(write)
 
     @staticmethod
     def _prepare(db: sqlite3.Connection) -> sqlite3.Connection:
@@ -103,6 +129,9 @@ class DeliveryQueue:
         """Append items (replacing queued ones with the same key), then drop the oldest beyond max_queue.
 
         Returns how many were dropped for room."""
+        return self._write(lambda: self._push(notifier, items, now, max_queue))
+
+    def _push(self, notifier: str, items: Sequence[NewItem], now: float, max_queue: int) -> int:
         with self._db:
             for item in items:
                 if item.key is not None:
@@ -115,8 +144,12 @@ class DeliveryQueue:
 
     def trim(self, notifier: str, max_queue: int) -> int:
         """Drop a notifier's oldest items beyond max_queue; returns how many."""
-        with self._db:
-            return self._trim(notifier, max_queue)
+
+        def trim() -> int:
+            with self._db:
+                return self._trim(notifier, max_queue)
+
+        return self._write(trim)
 
     def _trim(self, notifier: str, max_queue: int) -> int:
         excess = self.count(notifier) - max_queue
@@ -142,9 +175,13 @@ class DeliveryQueue:
         ids = list(ids)
         if not ids:
             return 0
-        with self._db:
-            marks = ",".join("?" * len(ids))
-            return self._db.execute(f"DELETE FROM items WHERE id IN ({marks})", ids).rowcount
+
+        def remove() -> int:
+            with self._db:
+                marks = ",".join("?" * len(ids))
+                return self._db.execute(f"DELETE FROM items WHERE id IN ({marks})", ids).rowcount
+
+        return self._write(remove)
 
     def count(self, notifier: str) -> int:
         """How many items a notifier has queued."""
@@ -162,9 +199,38 @@ class DeliveryQueue:
 
     def purge(self, notifier: str) -> int:
         """Delete every item of a notifier; returns how many."""
-        with self._db:
-            return self._db.execute("DELETE FROM items WHERE notifier = ?", (notifier,)).rowcount
+
+        def purge() -> int:
+            with self._db:
+                return self._db.execute("DELETE FROM items WHERE notifier = ?", (notifier,)).rowcount
+
+        return self._write(purge)
 
     def close(self) -> None:
         """Close the database (items stay in the file)."""
         self._db.close()
+
+
+def _memory() -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:")
+    with db:
+        db.executescript(_SCHEMA)
+        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('items', ?)", (MEMORY_ID_BASE,))
+    return db
+
+
+def _merge(memory: sqlite3.Connection, disk: sqlite3.Connection) -> bool:
+    """Move the items of a queue begun in memory (its file was unreadable) into the file, after its items;
+    an item with a key replaces the file's item with that key, as push does."""
+    rows = memory.execute(
+        "SELECT id, notifier, kind, key, body, enqueued_at FROM items ORDER BY id"
+    ).fetchall()
+    with disk:
+        for row in rows:
+            if row[3] is not None:
+                disk.execute("DELETE FROM items WHERE notifier = ? AND key = ?", (row[1], row[3]))
+            disk.execute(
+                "INSERT INTO items (id, notifier, kind, key, body, enqueued_at) VALUES (?, ?, ?, ?, ?, ?)",
+                row,
+            )
+    return True
