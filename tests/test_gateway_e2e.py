@@ -100,9 +100,11 @@ def _completion(
     results: list[tuple[str, int, dict[str, Any], float]],
     max_tokens: int = 16,
     prompt: str = "the quick brown fox",
+    temperature: float = 0.0,
 ) -> None:
-    """One completion through the gateway; appends (session, status, body, finished) to results."""
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    """One completion through the gateway; appends (session, status, body, finished) to results. Sampling
+    (temperature > 0) defeats the shared server's ngram drafts, so a request takes its full time."""
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     sent = time.monotonic()
     resp = CLIENT.post(base + "/v1/completions", json=body, headers={"X-Session-ID": session}, timeout=120)
     try:
@@ -177,7 +179,14 @@ routes:
     )
     assert wd.status()["limit"] == 4
     results: list[tuple[str, int, dict[str, Any], float]] = []
-    flood = [threading.Thread(target=_completion, args=(wd.gateway, f"s{i}", results, 32)) for i in range(6)]
+    # Sampled and long enough that two are in flight for many evaluations: greedy requests ride the shared
+    # server's ngram drafts and six of them once drained between two evaluations on a fast CI machine.
+    flood = [
+        threading.Thread(
+            target=_completion, args=(wd.gateway, f"s{i}", results, 128, "the quick brown fox", 1.0)
+        )
+        for i in range(6)
+    ]
     for t in flood:
         t.start()
     squeezed = poll(

@@ -26,6 +26,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_QUIET = ('"GET /metrics HTTP', '"GET /health HTTP')
+
+
 class VllmServer:
     """A real vLLM OpenAI server process on 127.0.0.1 that tests may kill and start again."""
 
@@ -78,8 +81,11 @@ class VllmServer:
             self.proc.wait(timeout=30)
 
     def log_tail(self, n: int = 3000) -> str:
-        """The end of the server's log."""
-        return self.log_path.read_text(errors="replace")[-n:]
+        """The end of the server's log, without the access lines of scrapes and probes (a failing test's
+        report would otherwise be nothing but "GET /metrics 200" lines)."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        kept = [line for line in lines if not any(p in line for p in _QUIET)]
+        return "\n".join(kept)[-n:]
 
 
 @pytest.fixture(scope="session")
