@@ -60,7 +60,7 @@ actions:
   restart_capped: {{type: restart, cooldown: 0s, max_per_window: {{count: 1, window: 1h}}, {fast}}}
   draft_off: {{type: disable_draft, {fast}}}
   draft_on: {{type: enable_draft, {fast}}}
-  broken: {{type: reconfigure, set: {{--not-a-vllm-flag: "1"}}, startup_grace: 0s, stop_timeout: 30s, ready_timeout: 90s}}
+  broken: {{type: reconfigure, set: {{--not-a-vllm-flag: "1"}}, startup_grace: 0s, stop_timeout: 30s, ready_timeout: 4m}}
 notifiers:
   - {{type: webhook, url: "{hook}"}}
 """
