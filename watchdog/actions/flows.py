@@ -8,14 +8,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from .. import failpoints
+from ..actionconfig import DISRUPTIVE
 from ..config import TargetConfig
 from ..errors import ActionError
 from .readiness import ReadyCheck
+from .records import ActionRecord
 from .runtime import Launch, Runtime
 from .state import ActionStore
 
 log = logging.getLogger(__name__)
 DRAIN_POLL = 0.5
+RELAUNCHES = DISRUPTIVE - {"restart"}  # action types whose flow is relaunch()
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class FlowContext:
             "action step", extra={"action_id": action_id, "target": self.target.name, "step": name, **details}
         )
 
+    async def enter(self, action_id: int, name: str, **details: object) -> None:
+        """Record a step that begins a phase, then pass its failpoint (a chaos-test hook; see failpoints)."""
+        self.step(action_id, name, **details)
+        await failpoints.reach(name)
+
 
 async def drain(ctx: FlowContext, action_id: int, timeout: float) -> None:
     """Stop admitting new requests, then wait up to `timeout` for running ones to finish.
@@ -60,7 +69,7 @@ async def drain(ctx: FlowContext, action_id: int, timeout: float) -> None:
     SIGTERM handling (`--shutdown-timeout`) then finishes what it holds.
     """
     ctx.store.set_drain(ctx.target.name, True, ctx.clock(), action_id)
-    ctx.step(action_id, "drain")
+    await ctx.enter(action_id, "drain")
     deadline = ctx.monotonic() + timeout
     running = ctx.running_requests()
     while running is not None and running > 0 and ctx.monotonic() < deadline:
@@ -81,11 +90,11 @@ async def restart(
     """Drain, stop, start, wait for /health and a canary, undrain."""
     try:
         await drain(ctx, action_id, drain_timeout)
-        ctx.step(action_id, "stop", timeout=stop_timeout)
+        await ctx.enter(action_id, "stop", timeout=stop_timeout)
         await ctx.runtime.stop(stop_timeout)
-        ctx.step(action_id, "start")
+        await ctx.enter(action_id, "start")
         await ctx.runtime.start()
-        ctx.step(action_id, "wait_ready", timeout=ready_timeout)
+        await ctx.enter(action_id, "wait_ready", timeout=ready_timeout)
         ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
             return Outcome("failed", why)
@@ -108,12 +117,13 @@ async def relaunch(
     """Replace the server with `new`; if it is not ready in time, roll back to the old one exactly."""
     try:
         await drain(ctx, action_id, drain_timeout)
-        ctx.step(action_id, "replace", argv=list(new.args))  # not `args`: LogRecord's own attribute
+        # `argv`, not `args` (LogRecord's own attribute); reconcile reads it back to tell new from old
+        await ctx.enter(action_id, "replace", argv=list(new.args))
         try:
             await ctx.runtime.replace(new, stop_timeout)
         except ActionError as exc:
             return await _roll_back(ctx, action_id, f"replace failed: {exc}", stop_timeout, ready_timeout)
-        ctx.step(action_id, "wait_ready", timeout=ready_timeout)
+        await ctx.enter(action_id, "wait_ready", timeout=ready_timeout)
         ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
             return await _roll_back(ctx, action_id, why, stop_timeout, ready_timeout)
@@ -129,7 +139,7 @@ async def relaunch(
 async def _roll_back(
     ctx: FlowContext, action_id: int, why: str, stop_timeout: float, ready_timeout: float
 ) -> Outcome:
-    ctx.step(action_id, "rollback", reason=why)
+    await ctx.enter(action_id, "rollback", reason=why)
     if not await ctx.runtime.has_previous():
         return Outcome("failed", f"{why}; nothing to roll back to")
     await ctx.runtime.rollback(stop_timeout)
@@ -142,27 +152,96 @@ async def _roll_back(
 async def reconcile(
     ctx: FlowContext, action_id: int, *, stop_timeout: float, ready_timeout: float
 ) -> Outcome:
-    """Finish or roll back an action a killed watchdog left in flight, then undrain."""
+    """Finish or roll back an action a killed watchdog left in flight, then undrain.
+
+    A relaunch ends `succeeded` only when the server runs the new command line (from its `replace` step)
+    and is ready; one killed before its replacement ran is rolled back (`rolled_back`) or, if nothing was
+    replaced yet, ends `failed` with the old server ready. A restart ends `succeeded` once its server is
+    ready. A server found stopped, or that exits while it is checked (the killed watchdog had already asked
+    it to stop), is started again.
+    """
     try:
+        record = next((r for r in ctx.store.unfinished() if r.id == action_id), None)
+        argv = _replaced_argv(record)
         if await ctx.runtime.has_previous():
-            ctx.step(action_id, "reconcile", found="an uncommitted replacement")
-            ok, why = await ctx.wait_ready(ready_timeout)
-            if ok:
-                await ctx.runtime.commit()
-                return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")
-            return await _roll_back(
-                ctx, action_id, f"after a watchdog restart: {why}", stop_timeout, ready_timeout
-            )
+            return await _settle_replacement(ctx, action_id, argv, stop_timeout, ready_timeout)
         if not await ctx.runtime.is_running():
-            ctx.step(action_id, "reconcile", found="the server stopped")
+            await ctx.enter(action_id, "reconcile", found="the server stopped")
             await ctx.runtime.start()
         else:
-            ctx.step(action_id, "reconcile", found="the server running")
-        ok, why = await ctx.wait_ready(ready_timeout)
-        if ok:
+            await ctx.enter(action_id, "reconcile", found="the server running")
+        ok, why = await _ready_or_start(ctx, action_id, ready_timeout)
+        if not ok:
+            return Outcome("failed", f"after a watchdog restart: {why}")
+        if record is None or record.type not in RELAUNCHES:
             return Outcome("succeeded", "finished after a watchdog restart: the server is ready")
-        return Outcome("failed", f"after a watchdog restart: {why}")
+        if argv is not None and await _current_args(ctx) == argv:
+            return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")
+        if any(s.step == "rollback" for s in record.steps):
+            return Outcome("rolled_back", "after a watchdog restart: rolled back; the old server is ready")
+        return Outcome(
+            "failed",
+            "after a watchdog restart: killed before the relaunch replaced anything; "
+            "the server runs its old command line and is ready",
+        )
     except ActionError as exc:
         return Outcome("failed", f"after a watchdog restart: {exc}")
     finally:
         undrain(ctx, action_id)
+
+
+async def _settle_replacement(
+    ctx: FlowContext, action_id: int, argv: tuple[str, ...] | None, stop_timeout: float, ready_timeout: float
+) -> Outcome:
+    """A replacement is pending: commit it if it is the new server and ready, else bring the old one back.
+
+    The new server must be running under the name itself: with host networking the old one, stopping but
+    not yet gone, still answers on the port, so readiness alone could commit a replacement that was never
+    started (and remove the only server)."""
+    running = await ctx.runtime.is_running()
+    current = await _current_args(ctx)
+    if running and (argv is None or current == argv):
+        await ctx.enter(action_id, "reconcile", found="an uncommitted replacement, running")
+        ok, why = await ctx.wait_ready(ready_timeout)
+        if ok:
+            await ctx.runtime.commit()
+            ctx.step(action_id, "commit")
+            return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")
+        why = f"after a watchdog restart: {why}"
+    else:
+        found = "the old server running" if running else "the replacement not running"
+        await ctx.enter(action_id, "reconcile", found=f"{found}, a replacement pending")
+        why = "after a watchdog restart: the replacement was never started"
+    await ctx.enter(action_id, "rollback", reason=why)
+    await ctx.runtime.rollback(stop_timeout)
+    ok, ready_why = await _ready_or_start(ctx, action_id, ready_timeout)
+    if not ok:
+        return Outcome("failed", f"{why}; rolled back, but the old server is not ready either: {ready_why}")
+    return Outcome("rolled_back", f"{why}; the old server is back and ready")
+
+
+async def _ready_or_start(ctx: FlowContext, action_id: int, ready_timeout: float) -> tuple[bool, str]:
+    """Wait until ready; a server that exits meanwhile, as one the killed watchdog had already sent SIGTERM
+    (or `docker stop`) does, is started once more and waited for again."""
+    ok, why = await ctx.wait_ready(ready_timeout)
+    if ok or await ctx.runtime.is_running():
+        return ok, why
+    await ctx.enter(action_id, "reconcile", found="the server exited while it was checked")
+    await ctx.runtime.start()
+    return await ctx.wait_ready(ready_timeout)
+
+
+async def _current_args(ctx: FlowContext) -> tuple[str, ...] | None:
+    """The command line the runtime now launches; None where it cannot tell (no container by the name)."""
+    try:
+        return (await ctx.runtime.launch()).args
+    except ActionError:
+        return None
+
+
+def _replaced_argv(record: ActionRecord | None) -> tuple[str, ...] | None:
+    """The new command line a relaunch recorded in its `replace` step; None if it never got there."""
+    for step in reversed(record.steps if record is not None else ()):
+        if step.step == "replace" and step.details and isinstance(step.details.get("argv"), list):
+            return tuple(str(a) for a in step.details["argv"])
+    return None
