@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import json
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
@@ -750,19 +750,50 @@ def test_context_growth_mean_of_differences() -> None:
         assert got == (None if e is None else pytest.approx(e))
 
 
+def brute_force_repeats(steps: list[tuple[str, ...]]) -> int:
+    """The most times any block of 1 to 3 consecutive steps occurs back to back, by trying every one."""
+    best = 1 if steps else 0
+    for start in range(len(steps)):
+        for period in (1, 2, 3):
+            block = steps[start : start + period]
+            if len(block) < period:
+                continue
+            n = 1
+            while steps[start + n * period : start + (n + 1) * period] == block:
+                n += 1
+            best = max(best, n)
+    return best
+
+
 def test_tool_call_repeats_match_a_brute_force_window() -> None:
     rng = random.Random(3)
-    s = SessionSignals(signatures=8)
-    recent: deque[str] = deque(maxlen=8)
+    s = SessionSignals(loop_window=8)
+    recent: deque[tuple[str, ...]] = deque(maxlen=8)
     for _ in range(400):
-        calls = [
-            call(rng.choice("abc"), json.dumps({"n": rng.randrange(2)})) for _ in range(rng.randrange(3))
-        ]
+        calls = [call(rng.choice("ab"), json.dumps({"n": rng.randrange(2)})) for _ in range(rng.randrange(3))]
         body = agent_body(*calls)
-        for sig in tool_call_signatures(body):
-            recent.append(sig)
+        sigs = tuple(tool_call_signatures(body))
+        if sigs:
+            recent.append(sigs)
         run(s, "a", [], streaming=False, body=body)
-        assert row(s, "a").tool_call_repeats == max(Counter(recent).values(), default=0)
+        assert row(s, "a").tool_call_repeats == brute_force_repeats(list(recent))
+
+
+def test_tests_rerun_between_different_edits_are_not_a_loop() -> None:
+    """A coding agent runs the same test command after each of its (different) edits: no repeats."""
+    s = SessionSignals()
+    for i in range(12):
+        run(s, "a", [], streaming=False, body=agent_body(call("edit", json.dumps({"diff": f"@@ -{i} @@"}))))
+        run(s, "a", [], streaming=False, body=agent_body(call("run_tests", '{"path": "tests/"}')))
+    assert row(s, "a").tool_call_repeats == 1
+
+
+def test_a_cycle_of_two_calls_is_a_loop() -> None:
+    s = SessionSignals()
+    for _ in range(5):
+        run(s, "a", [], streaming=False, body=agent_body(call("read", '{"path": "/x"}')))
+        run(s, "a", [], streaming=False, body=agent_body(call("search", '{"q": "x"}')))
+    assert row(s, "a").tool_call_repeats == 5
 
 
 def test_repeated_tool_call_loop_is_counted() -> None:
@@ -780,7 +811,7 @@ def test_repeated_tool_call_loop_is_counted() -> None:
         {"top_k": -1},
         {"max_sessions": 0},
         {"window": 1},
-        {"signatures": 0},
+        {"loop_window": 1},
         {"half_life": 0.0},
         {"active": -1.0},
     ],

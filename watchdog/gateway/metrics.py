@@ -130,7 +130,7 @@ def _session_families(target: str, rows: tuple[SessionStats, ...]) -> list[Metri
         ),
         (
             "tool_call_repeats",
-            "Most times one tool call (name and arguments) recurs among the session's recent ones.",
+            "Most back-to-back repeats of one step's tool calls (or a 2-3 step cycle) among recent steps.",
             lambda r: r.tool_call_repeats,
         ),
         (

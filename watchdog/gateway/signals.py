@@ -15,6 +15,7 @@ OTHER = "other"  # the row that sums every session not exported by name
 _RESERVED = (ANONYMOUS, OTHER)
 
 _MAX_TOKENS = 1 << 32  # larger token counts are garbage
+MAX_CYCLE = 3  # a loop may cycle through up to this many different steps
 _RESCALE = 256.0  # half-lives after which the forward-decay weights are renormalised
 
 
@@ -33,7 +34,7 @@ def _tokens(value: object) -> int | None:
 class _Session:
     """Everything remembered about one session."""
 
-    def __init__(self, name: str, window: int, signatures: int) -> None:
+    def __init__(self, name: str, window: int, loop_window: int) -> None:
         self.name = name
         self.score = 0.0  # forward-decayed request count (see SessionSignals)
         self.last_seen = 0.0
@@ -47,10 +48,7 @@ class _Session:
         self.steps: deque[tuple[int, int]] = deque(maxlen=window)  # (prompt, cached or -1 if not reported)
         self.win_prompt = 0  # sums over the steps that reported cached tokens
         self.win_cached = 0
-        self.sigs: deque[str] = deque()
-        self.sig_limit = signatures
-        self.sig_counts: dict[str, int] = {}
-        self.freq: dict[int, int] = {}  # count -> signatures seen that many times, so the max is O(1)
+        self.calls: deque[tuple[str, ...]] = deque(maxlen=loop_window)  # tool calls of recent steps
         self.repeats = 0
 
     def add_step(self, prompt: int, cached: int) -> None:
@@ -66,27 +64,10 @@ class _Session:
             self.win_prompt += prompt
             self.win_cached += cached
 
-    def add_signature(self, sig: str) -> None:
-        """Count one tool-call signature in the recent window."""
-        counts, freq = self.sig_counts, self.freq
-        if len(self.sigs) >= self.sig_limit:
-            old = self.sigs.popleft()
-            c = counts[old]
-            _bump(freq, c, -1)
-            if c > 1:
-                counts[old] = c - 1
-                _bump(freq, c - 1, 1)
-            else:
-                del counts[old]
-            if c == self.repeats and c not in freq:
-                self.repeats = c - 1
-        self.sigs.append(sig)
-        c = counts.get(sig, 0) + 1
-        counts[sig] = c
-        if c > 1:
-            _bump(freq, c - 1, -1)
-        _bump(freq, c, 1)
-        self.repeats = max(self.repeats, c)
+    def add_calls(self, sigs: tuple[str, ...]) -> None:
+        """Remember the tool calls of one agent step (the newest assistant message of a request)."""
+        self.calls.append(sigs)
+        self.repeats = _longest_repeats(self.calls)
 
     def ratio(self) -> float | None:
         """Cached over prompt tokens across the recent steps that reported cached tokens."""
@@ -104,12 +85,16 @@ def _move(s: _Session, dest: list[int]) -> None:
     s.seen = s.totals.copy()
 
 
-def _bump(freq: dict[int, int], count: int, delta: int) -> None:
-    n = freq.get(count, 0) + delta
-    if n:
-        freq[count] = n
-    else:
-        freq.pop(count, None)
+def _longest_repeats(calls: deque[tuple[str, ...]]) -> int:
+    """The most times one step's tool calls, or one cycle of up to MAX_CYCLE steps, came back to back in
+    `calls`: a loop repeats itself; an agent that re-runs its tests between different edits does not."""
+    best = 1 if calls else 0
+    for period in range(1, MAX_CYCLE + 1):
+        run = 0  # steps equal to the one `period` before, in a row
+        for i in range(period, len(calls)):
+            run = run + 1 if calls[i] == calls[i - period] else 0
+            best = max(best, run // period + 1)
+    return best
 
 
 class SessionSignals:
@@ -122,18 +107,18 @@ class SessionSignals:
         max_sessions: int = 10_000,
         window: int = 32,
         monotonic: Callable[[], float] = time.monotonic,
-        signatures: int = 256,
+        loop_window: int = 32,
         half_life: float = 60.0,
         active: float = 300.0,
     ) -> None:
-        if top_k < 0 or max_sessions < 1 or window < 2 or signatures < 1 or half_life <= 0 or active < 0:
+        if top_k < 0 or max_sessions < 1 or window < 2 or loop_window < 2 or half_life <= 0 or active < 0:
             raise ValueError(
-                "need top_k >= 0, max_sessions >= 1, window >= 2, signatures >= 1, half_life > 0"
+                "need top_k >= 0, max_sessions >= 1, window >= 2, loop_window >= 2, half_life > 0"
             )
         self.top_k = top_k
         self.max_sessions = max_sessions
         self.window = window
-        self.signatures = signatures
+        self.loop_window = loop_window
         self.active = active  # "other" gauges summarise the sessions seen this recently
         self._monotonic = monotonic
         self._rate = 1.0 / half_life
@@ -162,7 +147,7 @@ class SessionSignals:
         if s is None:
             if len(self._sessions) >= self.max_sessions:
                 self._evict()
-            s = self._sessions[name] = _Session(name, self.window, self.signatures)
+            s = self._sessions[name] = _Session(name, self.window, self.loop_window)
         else:
             self._sessions.move_to_end(name)
         e = (now - self._epoch) * self._rate
@@ -177,8 +162,9 @@ class SessionSignals:
         self._dirty.add(s)
         tracked = path in OPENAI_PATHS
         if tracked and body is not None:
-            for sig in tool_call_signatures(body):
-                s.add_signature(sig)
+            sigs = tool_call_signatures(body)
+            if sigs:
+                s.add_calls(tuple(sigs))
 
         def finish(usage: Mapping[str, object] | None) -> None:
             self._record(s, usage)

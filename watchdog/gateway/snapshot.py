@@ -65,7 +65,7 @@ class SessionStats:
     cached_tokens_total: int
     prefix_cache_hit_ratio: float | None  # cached/prompt over the session's recent requests; None: no data
     context_growth_tokens: float | None  # mean prompt_tokens growth per step, recent steps; None: <2 steps
-    tool_call_repeats: int  # most times one tool-call signature was seen (recent window)
+    tool_call_repeats: int  # most back-to-back repeats of one step's tool calls or a 2-3 step cycle (recent)
     breaker_open: bool = False
 
 
