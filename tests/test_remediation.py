@@ -154,7 +154,16 @@ def make(
     async def no_sleep(_: float) -> None:
         await asyncio.sleep(0)
 
-    r = Remediator(cfg, ActionStore(None), {"vllm-0": runtime}, ready, hub=hub, clock=clock, sleep=no_sleep)  # type: ignore[arg-type]
+    r = Remediator(
+        cfg,
+        ActionStore(None),
+        {"vllm-0": runtime},
+        ready,  # type: ignore[arg-type]
+        hub=hub,  # type: ignore[arg-type]
+        clock=clock,
+        monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
+        sleep=no_sleep,
+    )
     r.reconciled.set()
     return r, runtime, ready, hub, clock
 

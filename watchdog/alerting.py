@@ -66,7 +66,8 @@ class Alert:
         last = self.last_sent_at
         if self.resolved_at is not None and (last is None or self.resolved_at > last):
             return True
-        return last is None or last + resend_delay < ts
+        # ts < last: the wall clock went back; re-send now rather than once it has caught up again.
+        return last is None or last + resend_delay < ts or ts < last
 
 
 @dataclass(frozen=True)
@@ -210,8 +211,8 @@ class AlertingRule:
             if key not in fresh:
                 keep_firing = False
                 if alert.state == AlertState.FIRING and self.keep_firing_ms > 0:
-                    if alert.keep_firing_since is None:
-                        alert.keep_firing_since = ts
+                    if alert.keep_firing_since is None or ts < alert.keep_firing_since:
+                        alert.keep_firing_since = ts  # (later than ts: the wall clock went back)
                     keep_firing = ts - alert.keep_firing_since < self.keep_firing_ms
                 # A pending alert that clears is forgotten; a resolved one is kept for a while to be re-sent.
                 if alert.state == AlertState.PENDING or (
@@ -226,6 +227,8 @@ class AlertingRule:
             else:
                 alert.keep_firing_since = None
             live += 1
+            if alert.state == AlertState.PENDING and ts < alert.active_at:
+                alert.active_at = ts  # the wall clock went back: `for` counts from now, not from the future
             if alert.state == AlertState.PENDING and ts - alert.active_at >= self.hold_ms:
                 alert.state = AlertState.FIRING
                 alert.fired_at = ts

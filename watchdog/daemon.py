@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from prometheus_client import CollectorRegistry
 from .actionmetrics import ActionCollector
 from .actionplane import ActionPlane
 from .api import build_app
+from .clockwatch import ClockWatch
 from .config import Config, load_config
 from .errors import ConfigError
 from .evaluation import RuleEvaluation
@@ -363,6 +365,7 @@ class Daemon:
             await asyncio.sleep(0.01)
         await self.actions.start()
         self.scheduler.start()
+        clock_task = asyncio.create_task(self._watch_clock(), name="clockwatch")
         self._install_signals(loop)
         self.notifier.ready()
         log.info(
@@ -378,6 +381,7 @@ class Daemon:
         log.info("shutting down")
         self.notifier.stopping()
         self.scheduler.shutdown(wait=False)
+        clock_task.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
@@ -388,6 +392,28 @@ class Daemon:
         await self.monitor.aclose()
         if self.scrapelog is not None:
             self.scrapelog.close()
+
+    async def _watch_clock(self) -> None:
+        """Every second, on the loop's monotonic timers: after a wall-clock jump, start the schedule again
+        from the new time; after a jump back, also drop the samples now in the future and let groups evaluate.
+        """
+        watch = ClockWatch(self.clock, self.monotonic)
+        self.counters.clock_jumps = watch.jumps
+        while True:
+            await asyncio.sleep(1.0)
+            skew = watch.check()
+            if not skew or self.monitor is None:
+                continue
+            dropped = 0
+            if skew < 0:
+                dropped = self.monitor.store.drop_after(math.floor(self.clock() * 1000))
+                if self.evaluation is not None:
+                    self.evaluation.last_eval.clear()
+            self._schedule(self.monitor.config)
+            log.warning(
+                "wall clock jumped: jobs rescheduled from the new time",
+                extra={"seconds": round(skew, 3), "samples_dropped": dropped},
+            )
 
     def _new_client(self) -> httpx.AsyncClient:
         """An HTTP client for one target; trust_env=False keeps proxies from redirecting traffic."""

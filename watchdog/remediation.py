@@ -16,6 +16,7 @@ from .actions.gatewayactions import Gateway, execute_gateway, hold_key, plan_gat
 from .actions.plans import execute_plan, plan_action
 from .actions.rails import Rails, Verdict
 from .actions.readiness import ReadyCheck
+from .actions.retries import Retries
 from .actions.runtime import Runtime
 from .actions.runtimes import UnavailableRuntime
 from .actions.state import ActionStore
@@ -66,7 +67,7 @@ class Remediator:
         self.config = config
         self.store = store
         self.state = state  # the state_dir's health: a disruptive action that cannot be recorded is refused
-        self.rails = Rails(store)
+        self.rails = Rails(store, monotonic=monotonic)
         self.runtimes = dict(runtimes)
         self.ready = ready
         self.hub = hub
@@ -75,6 +76,7 @@ class Remediator:
         self.running_requests = running_requests
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.alerts = WatchdogAlerts(self.rails)
+        self.retries = Retries(store)
         self.queues: dict[str, deque[Job]] = {}
         self.current: dict[str, Job] = {}
         self.workers: dict[str, asyncio.Task[None]] = {}
@@ -104,6 +106,7 @@ class Remediator:
                     continue
                 restore_key = f"restore/{action.name}/{target.name}"
                 if alert.state == "resolved":
+                    self.retries.forget(action.name, target.name)
                     gateway = self._gateway_of(target.name)
                     if action.type == "throttle" and gateway is not None:
                         gateway.release(hold_key(action, alert.labels))
@@ -117,7 +120,10 @@ class Remediator:
                     continue
                 if self.store.get(restore_key) is not None:  # firing again: the hold restarts at resolution
                     self.store.put(restore_key, None)  # (only then: every write is an fsync)
-                job = Job(action, target, dict(alert.labels), trigger, needed_at=alert.starts_at or None)
+                until = alert.ends_at or None  # an Alertmanager's firing alerts carry no end
+                self.retries.fired(action.name, target.name, until)
+                needed_at = alert.starts_at or None
+                job = Job(action, target, dict(alert.labels), trigger, needed_at=needed_at, until=until)
                 queued += self.enqueue(job)
         return queued
 
@@ -264,6 +270,10 @@ class Remediator:
     def _finish(self, job: Job, action_id: int, outcome: Outcome) -> dict[str, Any]:
         now = self.clock()
         result = self.audit.finish(job, action_id, outcome.outcome, outcome.reason, outcome.details, now)
+        if outcome.outcome in ("failed", "rolled_back"):
+            self.retries.failed(job)
+        elif outcome.outcome == "succeeded":
+            self.retries.forget(job.action.name, job.target.name)
         self._send(
             self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now), now
         )
@@ -299,6 +309,10 @@ class Remediator:
                     self.enqueue(
                         Job(RESPAWN, target, {"target": target.name, "exit_code": str(code)}, "supervisor")
                     )
+            if target.name not in self.current and not self.queues.get(target.name):
+                for job in self.retries.due(target, self.config.actions.values(), self.rails, now):
+                    self.enqueue(job)
+        self.rails.observe(now)  # new rows' ages from now on follow the monotonic clock
         self._send(self.alerts.tick(self.config.actions, now), now)
         if now - self._pruned >= PRUNE_EVERY:
             self._pruned = now
@@ -357,6 +371,9 @@ class Remediator:
                 "budgets_left": budgets,
                 "silences": [s.to_json() for s in self.store.silences(now)],
                 "watchdog_alerts": self.alerts.json(),
+                "retries": self.retries.json(
+                    self.config.targets, self.config.actions.values(), self.rails, now
+                ),
                 "history": [r.to_json() for r in self.store.history(limit=limit)],
             },
         }

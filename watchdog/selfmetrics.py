@@ -28,6 +28,7 @@ class DaemonCounters:
     last_reload_ok: bool = True
     config_errors: int = 0
     missed_deadlines: dict[str, int] = field(default_factory=dict)
+    clock_jumps: dict[str, int] = field(default_factory=dict)  # direction -> wall-clock jumps noticed
 
     def missed(self, job: str) -> None:
         """Count a scheduled run that was skipped or started too late."""
@@ -90,6 +91,14 @@ class WatchdogCollector(Collector):
         for job, n in sorted(c.missed_deadlines.items()):
             missed.add_metric([job], n)
         yield missed
+        jumps = CounterMetricFamily(
+            "vllm_watchdog_clock_jumps",
+            "Wall-clock jumps the daemon noticed (the monotonic clock disagreed), by direction.",
+            labels=["direction"],
+        )
+        for direction, n in sorted(c.clock_jumps.items()):
+            jumps.add_metric([direction], n)
+        yield jumps
         if m.gpu is not None:
             gpu = GaugeMetricFamily("vllm_watchdog_nvml_up", "1 if the last NVML reading succeeded.")
             gpu.add_metric([], 1 if m.gpu.up else 0)

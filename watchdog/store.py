@@ -134,6 +134,18 @@ class SampleStore:
         """Every metric name that has series."""
         return sorted(self._by_name)
 
+    def drop_after(self, t_ms: int) -> int:
+        """Drop every sample newer than t_ms (the wall clock went back: they lie in the future and would make
+        every new sample out of order); returns how many."""
+        dropped = 0
+        for bucket in self._by_name.values():
+            for series in bucket.values():
+                i = bisect_right(series.ts, t_ms)
+                dropped += len(series.ts) - i
+                del series.ts[i:]
+                del series.vals[i:]
+        return dropped
+
     def gc(self, now: float) -> int:
         """Trim samples older than the retention; drop series left empty. Returns series dropped."""
         min_t = math.floor((now - self.retention) * 1000)

@@ -97,7 +97,7 @@ class WatchdogAlerts:
             elif name in (ROLLED_BACK, FAILED):
                 if now >= alert.ends_at:
                     self.firing.pop(key, None)
-            elif now - self.last_sent.get(key, now) >= RESEND:
+            elif not 0 <= now - self.last_sent.get(key, now) < RESEND:  # (< 0: the wall clock went back)
                 renewed = OutgoingAlert(
                     alert.labels, alert.annotations, "firing", alert.starts_at, now + VALID, 1.0
                 )

@@ -24,9 +24,10 @@ class Job:
     action: ActionConfig
     target: TargetConfig
     labels: Mapping[str, str]
-    trigger: str  # "alert" | "inbound" | "manual" | "supervisor" | "restore"
+    trigger: str  # "alert" | "inbound" | "manual" | "supervisor" | "restore" | "retry"
     restore: bool = False
     needed_at: float | None = None  # when the need began (the alert's start): a crash loop is a *new* need
+    until: float | None = None  # the alert's endsAt: a failed run is retried until then (None: resolved)
     done: asyncio.Future[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property

@@ -141,13 +141,18 @@ class DockerRuntime:
     kind = "docker"
 
     def __init__(
-        self, target: str, container: str, client: DockerClient, *, clock: Callable[[], float] = time.time
+        self,
+        target: str,
+        container: str,
+        client: DockerClient,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.target = target
         self.container = container
         self.backup = container + BACKUP_SUFFIX
         self._client = client
-        self._clock = clock
+        self._monotonic = monotonic  # times `docker stop` for the log; a wall-clock jump would skew it
         self._lock = asyncio.Lock()
 
     # -- the Runtime protocol -------------------------------------------------------------------
@@ -338,6 +343,6 @@ class DockerRuntime:
         found.reload()
         if not found.attrs["State"]["Running"]:
             return
-        began = self._clock()
+        began = self._monotonic()
         found.stop(timeout=math.ceil(max(timeout, 0.0)))
-        self._info("container stopped", stopped=found.name, seconds=round(self._clock() - began, 1))
+        self._info("container stopped", stopped=found.name, seconds=round(self._monotonic() - began, 1))

@@ -14,6 +14,18 @@ Rails are checked in this order and the first that blocks gives the verdict:
   `crash_loop_max` times in a row; it stays refused until an operator resumes (`set_paused(False, ...)`);
 - busy: this action, or for a disruptive one any disruptive action, is running on the target.
 
+After these, just before the audit row is written, the remediator checks one more for disruptive actions that
+are not dry runs: state_unwritable (remediation.STATE_RAIL), while the state_dir cannot be written (see
+statehealth). It is not in RAILS: it needs a write probe, not the store.
+
+Clock jumps: rows carry wall-clock times (they must outlive the process). With no `monotonic` clock the
+backoff, cooldown and budget rails compare them with `now` as they are (what tests and replays want). Given
+one, a row's age is read off the wall clock once, when the rails first see the row (`observe()`, each tick,
+sees new rows within a second), and from then on advances with the monotonic clock: setting the wall clock
+back or forward by hours neither blocks an action for hours nor frees a cooldown or budget early. Silences,
+the start-up grace and crash loops compare wall-clock times from outside (a silence's end, the server's
+start, the alert's start) and follow the wall clock.
+
 A "run" is a real (not dry-run) row that started: running, succeeded, failed or rolled_back. Dry-run rows and
 rows that never ran (skipped, would_do, refused) count towards no rail, so a dry run never uses up budget or
 cooldown. Rows that did not run still mark when the action was needed: "needed again" after a success is the
@@ -26,7 +38,7 @@ obey every rail.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..actionconfig import DISRUPTIVE, ActionConfig
@@ -38,6 +50,8 @@ RAN = ("running", "succeeded", "failed", "rolled_back")  # outcomes of rows that
 ENDED = ("succeeded", "failed", "rolled_back")
 FAILED = ("failed", "rolled_back")
 MAX_BACKOFF_STEPS = 64  # more consecutive failures than this cannot lengthen a capped backoff
+OBSERVE = 64  # rows observe() looks at: more than any rail reads of one action and target
+MAX_AGES = 8192  # row times whose first sight is remembered
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class Verdict:
 
     allowed: bool
     reason: str
-    rail: str = ""  # "" or one of RAILS
+    rail: str = ""  # "" or one of RAILS, or remediation.STATE_RAIL
     retry_at: float | None = None
 
 
@@ -70,8 +84,34 @@ class _Ask:
 class Rails:
     """Decides whether an action may run, from what the store remembers."""
 
-    def __init__(self, store: ActionStore) -> None:
+    def __init__(self, store: ActionStore, *, monotonic: Callable[[], float] | None = None) -> None:
         self.store = store
+        self.monotonic = monotonic
+        self._seen: dict[tuple[int, bool], tuple[float, float]] = {}  # (id, finished) -> (monotonic, age)
+
+    def observe(self, now: float) -> None:
+        """Note the newest runs' ages now, so that a wall-clock jump right after cannot change them."""
+        if self.monotonic is not None:
+            for run in self.store.history(OBSERVE, dry_run=False, outcomes=RAN, steps=False):
+                self._since(run, False, now)
+                if run.finished_at is not None:
+                    self._since(run, True, now)
+
+    def _since(self, run: ActionRecord, finished: bool, now: float) -> tuple[float, float]:
+        """(age, anchor) of a run's start (or end): how long ago it was, and the wall time it happened as
+        far as durations go (a rail that waits `d` after it allows the action at `anchor + d`)."""
+        stamp = run.finished_at if finished and run.finished_at is not None else run.started_at
+        if self.monotonic is None:
+            return now - stamp, stamp
+        mono, key = self.monotonic(), (run.id, finished)
+        seen = self._seen.get(key)
+        if seen is None:
+            if len(self._seen) >= MAX_AGES:  # forget the oldest half (dicts keep insertion order)
+                for old in list(self._seen)[: MAX_AGES // 2]:
+                    del self._seen[old]
+            seen = self._seen[key] = (mono, max(0.0, now - stamp))  # from the future: the clock went back
+        age = seen[1] + (mono - seen[0])
+        return age, now - age
 
     def check(
         self,
@@ -114,10 +154,23 @@ class Rails:
         return self.store.history(limit, ask.target, name, dry_run=False, outcomes=outcomes, steps=False)
 
     def _runs_in_window(self, action: ActionConfig, target: str, now: float) -> list[ActionRecord]:
-        after = now - (action.max_per_window.window if action.max_per_window else 0.0)
-        return self.store.history(
-            None, target, action.name, dry_run=False, outcomes=RAN, started_after=after, steps=False
+        budget = action.max_per_window
+        window = budget.window if budget else 0.0
+        if self.monotonic is None:
+            return self.store.history(
+                None,
+                target,
+                action.name,
+                dry_run=False,
+                outcomes=RAN,
+                started_after=now - window,
+                steps=False,
+            )
+        # Ages, not wall times, decide what is inside the window; only the newest `count` runs can matter.
+        newest = self.store.history(
+            budget.count if budget else 0, target, action.name, dry_run=False, outcomes=RAN, steps=False
         )
+        return [run for run in newest if self._since(run, False, now)[0] < window]
 
     def _paused(self, ask: _Ask) -> Verdict | None:
         paused, reason, since = self.store.paused()
@@ -153,22 +206,26 @@ class Rails:
         if last is None or ask.action.backoff_initial <= 0:
             return None
         delay = min(ask.action.backoff_initial * 2.0 ** (failures - 1), ask.action.backoff_max)
-        ended = last.finished_at if last.finished_at is not None else last.started_at
-        if ask.now >= ended + delay:
+        age, ended = self._since(last, True, ask.now)
+        if age >= delay:
             return None
         runs = f"{failures} failed run{'s' if failures > 1 else ''} in a row"
-        why = f"backoff: {runs}, the last ended {_ago(ask.now, ended)} ago; waiting {format_duration(delay)}"
+        ago = format_duration(max(0.0, age))
+        why = f"backoff: {runs}, the last ended {ago} ago; waiting {format_duration(delay)}"
         return Verdict(False, why, "backoff", ended + delay)
 
     def _cooldown(self, ask: _Ask) -> Verdict | None:
         last = self._runs(ask, 1, ENDED) if ask.action.cooldown > 0 else []
-        if not last or ask.now - last[0].started_at >= ask.action.cooldown:
+        if not last:
+            return None
+        age, started = self._since(last[0], False, ask.now)
+        if age >= ask.action.cooldown:
             return None
         why = (
-            f"in cooldown: the last run ({last[0].outcome}) started {_ago(ask.now, last[0].started_at)} ago; "
+            f"in cooldown: the last run ({last[0].outcome}) started {format_duration(max(0.0, age))} ago; "
             f"cooldown {format_duration(ask.action.cooldown)}"
         )
-        return Verdict(False, why, "cooldown", last[0].started_at + ask.action.cooldown)
+        return Verdict(False, why, "cooldown", started + ask.action.cooldown)
 
     def _budget(self, ask: _Ask) -> Verdict | None:
         budget = ask.action.max_per_window
@@ -178,7 +235,7 @@ class Rails:
         if len(runs) < budget.count:
             return None
         # a run is free again when the count-th newest start leaves the window
-        until = runs[budget.count - 1].started_at + budget.window
+        until = self._since(runs[budget.count - 1], False, ask.now)[1] + budget.window
         window = format_duration(budget.window)
         why = f"budget used up: {len(runs)} runs in the last {window} (at most {budget.count})"
         return Verdict(False, why, "budget", until)

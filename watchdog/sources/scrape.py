@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -97,7 +98,16 @@ class ScrapeTarget:
         self._synthetic: dict[str, Series] = {}
 
     async def fetch(self) -> str:
-        """GET the body, bounded by timeout and body_size_limit."""
+        """GET the body, bounded by timeout (overall, as Prometheus' scrape_timeout) and body_size_limit."""
+        try:
+            # httpx's timeout bounds each read, not the whole exchange: a target that trickles its body
+            # would hold the scrape for ever without the overall deadline.
+            async with asyncio.timeout(self.timeout):
+                return await self._fetch()
+        except TimeoutError as exc:
+            raise ScrapeError(f"timeout after {self.timeout:g}s (deadline exceeded)", "timeout") from exc
+
+    async def _fetch(self) -> str:
         try:
             async with self.client.stream("GET", self.url, headers=_HEADERS, timeout=self.timeout) as resp:
                 if resp.status_code != 200:
@@ -138,10 +148,13 @@ class ScrapeTarget:
     def ingest(self, text: str, t_ms: int) -> int:
         """Parse a body and commit its samples atomically; return the number of samples read."""
         cache = self._cache
+        if len(cache) > 4 * self.sample_limit:
+            cache.clear()  # a target churning label values must not grow the cache without bound
         batch: list[tuple[Series, float, int]] = []
         count = 0
         raw = ""
         try:
+            self._check_limit(text)
             for count, (raw, value, ts) in enumerate(iter_samples(text), 1):  # noqa: B007
                 series = cache.get(raw)
                 if series is None:
@@ -151,12 +164,22 @@ class ScrapeTarget:
         except ExpositionError as exc:
             line = exc.line or find_line(text, raw)  # parse_series does not know the line
             raise ScrapeError(f"parse error: line {line}: {exc.message}", "parse") from exc
-        if count > self.sample_limit:
-            raise SampleLimitError(f"sample_limit exceeded: {count} samples > limit {self.sample_limit}")
-        if len(cache) > 4 * self.sample_limit:
-            cache.clear()  # a target churning label values must not grow the cache without bound
         self.exposure.commit(batch, t_ms)
         return count
+
+    def _check_limit(self, text: str) -> None:
+        """SampleLimitError if the body holds more samples than sample_limit.
+
+        Only a body with more lines than the limit can, so a healthy scrape pays one C-speed count. A series
+        explosion costs one pass of the line splitter and nothing else: no label set of it is parsed, cached
+        or stored (parsing first would cache up to the whole body's series, hundreds of MB per scrape).
+        """
+        limit = self.sample_limit
+        if text.count("\n") < limit:
+            return
+        count = sum(1 for _ in iter_samples(text))
+        if count > limit:
+            raise SampleLimitError(f"sample_limit exceeded: {count} samples > limit {limit}")
 
     def _synth(self, name: str, t_ms: int, value: float) -> None:
         series = self._synthetic.get(name)
