@@ -148,7 +148,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def _http_url(text: str) -> str:
     parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:  # .port raises ValueError for a port that is not a number or out of range
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise ValueError(f"must be an http(s) URL, got {text!r}")
     return text
 

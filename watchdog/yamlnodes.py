@@ -12,6 +12,7 @@ import yaml
 from .errors import Problem
 
 T = TypeVar("T")
+MAX_DEPTH = 100  # nesting deeper than this is refused: PyYAML composes recursively (RecursionError otherwise)
 _ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -28,10 +29,29 @@ class Problems:
         self.items.append(Problem(self.file, line, field, message))
 
 
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """The safe loader, refusing collections nested deeper than MAX_DEPTH at the line where that happens."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """Compose one node, counting how deep it is."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def compose(text: str, problems: Problems) -> yaml.Node | None:
     """Parse YAML text into a node tree, recording a syntax error as a problem."""
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=_DepthLimitedLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
@@ -82,11 +102,12 @@ class Node:
 
     def error(self, message: str, field: str | None = None) -> None:
         """Record a problem about this node."""
-        self.problems.add(self.node, field or self.path, message)
+        self.problems.add(self.node, field or self.path or "(root)", message)
 
     def _child_path(self, key: str | int) -> str:
         if isinstance(key, int):
             return f"{self.path}[{key}]"
+        key = key or '""'  # an empty key still names a field
         return f"{self.path}.{key}" if self.path else key
 
     def mapping(self, allowed: set[str] | None = None) -> dict[str, Node] | None:

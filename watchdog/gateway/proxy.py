@@ -112,7 +112,7 @@ class _Interrupt:
 class _Incoming:
     """The request headers to forward (hop-by-hop and unsendable ones dropped) and those the gateway reads."""
 
-    __slots__ = ("authorization", "content_type", "headers", "length", "priority", "session")
+    __slots__ = ("authorization", "body_lost", "content_type", "headers", "length", "priority", "session")
 
     def __init__(
         self, raw: Iterable[tuple[bytes, bytes]], session_header: bytes, priority_header: bytes
@@ -121,12 +121,17 @@ class _Incoming:
         self.length = -1  # Content-Length, if given
         self.content_type = self.authorization = self.session = self.priority = None
         connection = None
+        upgrade = chunked = False
         for name, value in raw:
             if name in _REQUEST_DROP or name.startswith(b"proxy-"):
                 if name == b"content-length" and value.isdigit():
                     self.length = int(value)
                 elif name == b"connection":
                     connection = value
+                elif name == b"upgrade":
+                    upgrade = True
+                elif name == b"transfer-encoding":
+                    chunked = True
                 continue
             if _BAD_VALUE.search(value):
                 continue
@@ -146,9 +151,13 @@ class _Incoming:
             elif name == priority_header:
                 self.priority = text
             self.headers.append((name.decode("latin-1"), text))
+        named: set[str] = set()
         if connection is not None:
             named = {t.strip().lower().decode("latin-1") for t in connection.split(b",")}
             self.headers = [h for h in self.headers if h[0] not in named]
+        # The HTTP server treats a request asking for an upgrade it cannot do as ending with its headers: the
+        # body never reaches us, so forwarding the request would send the upstream a different one.
+        self.body_lost = upgrade and "upgrade" in named and (self.length > 0 or chunked)
 
 
 class Proxy:
@@ -211,6 +220,11 @@ class Proxy:
         headers.append(("host", self._host))
         if request.length > self.config.max_body:
             return await self._too_large_response(send)
+        if request.body_lost:
+            self._count(400)
+            why = "The gateway does not support protocol upgrades; a request body sent with one is lost."
+            body = error_body(why, "invalid_request_error", "upgrade_not_supported")
+            return await send_error(send, 400, body, close=True)
 
         interrupt = _Interrupt()
         ticket: Ticket | None = None

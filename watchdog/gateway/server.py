@@ -212,6 +212,11 @@ class GatewayServer:
                 http=deadline_protocol(HttpProtocol, config.client_timeout, self.proxy.count_header_timeout),
                 interface="asgi3",
                 lifespan="off",
+                # The gateway forwards HTTP only. With a WebSocket library installed (uvicorn[standard], as
+                # next to vLLM) uvicorn would hand an Upgrade: websocket request to the app as a websocket
+                # scope, which it does not answer: uvicorn then sends its own 500. Without one, the request
+                # stays plain HTTP and is forwarded (Upgrade is hop-by-hop), whatever is installed.
+                ws="none",
                 access_log=False,
                 log_config=None,
                 proxy_headers=False,  # the upstream sees the client's own X-Forwarded-* untouched
