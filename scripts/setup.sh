@@ -12,6 +12,7 @@ command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanag
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)  # the sidecar image's base (no registry here)
 command -v systemd-analyze >/dev/null || missing+=(systemd)  # tests/test_systemd_unit.py verifies the units
+command -v haproxy >/dev/null || missing+=(haproxy)  # tests/test_security_api.py runs the Docker socket proxy
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: apt-get install ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -24,6 +25,11 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pyt
   echo "setup: creating .venv with vllm-watchdog and its dev tools" >&2
   "$PY" -m venv .venv
   .venv/bin/pip install -q -e ".[dev]" >&2
+fi
+# The interpreter's ensurepip brings pip and setuptools with known advisories (scripts/audit-deps.py).
+if ! .venv/bin/python -c "import pip, setuptools, sys; from packaging.version import Version as V; sys.exit(V(pip.__version__) < V('25.3') or V(setuptools.__version__) < V('78.1.1'))" 2>/dev/null; then
+  echo "setup: upgrading pip and setuptools in .venv" >&2
+  .venv/bin/pip install -q --upgrade "pip>=25.3" "setuptools>=78.1.1" >&2
 fi
 
 bash scripts/setup-vllm.sh >/dev/null

@@ -162,7 +162,7 @@ async def test_control_api_needs_the_token_and_names_bad_fields(plane: tuple[str
         resp = await c.post(base + "/api/v1/actions/nope/run", json={}, headers=AUTH)
         assert resp.status_code == 404 and "unknown action 'nope'" in resp.json()["error"]
         resp = await c.post(base + "/api/v1/alertmanager", content=b"x" * (1024 * 1024 + 10), headers=AUTH)
-        assert resp.status_code == 400 and "over" in resp.json()["error"]
+        assert resp.status_code == 413 and "over" in resp.json()["error"]
 
 
 async def test_pause_silence_manual_and_inbound(plane: tuple[str, FaultServer, Path]) -> None:

@@ -38,3 +38,21 @@ def test_target_by_name_or_host_port_never_guessed() -> None:
     assert target_of({"instance": "10-unknown:80"}, cfg.targets) is None
     assert target_of({}, cfg.targets) is None  # two targets: an alert without a name picks none
     assert target_of({}, cfg.targets[:1]) == cfg.targets[0]
+
+
+def test_an_alert_about_another_container_or_unit_names_no_target() -> None:
+    more = '  - {name: vllm-2, url: "http://127.0.0.1:8002", unit: vllm.service}\nroutes:'
+    cfg = parse_config(CONFIG.replace("routes:", more, 1), "c.yml", env={})
+    c0, _, u2 = cfg.targets
+    assert target_of({"instance": "vllm-0", "container": "c0"}, cfg.targets) == c0
+    assert target_of({"instance": "vllm-0", "container": "/c0", "name": "c0"}, cfg.targets) == c0
+    assert target_of({"instance": "vllm-0", "container": "evil"}, cfg.targets) is None
+    assert target_of({"instance": "vllm-0", "name": "c1"}, cfg.targets) is None  # another target's container
+    assert target_of({"instance": "vllm-2", "unit": "vllm.service"}, cfg.targets) == u2
+    assert target_of({"instance": "vllm-2", "name": "vllm"}, cfg.targets) == u2
+    assert target_of({"instance": "vllm-2", "unit": "sshd.service"}, cfg.targets) is None
+    assert target_of({"instance": "vllm-2", "container": "vllm"}, cfg.targets) is None  # it has no container
+    one = cfg.targets[:1]
+    assert target_of({"container": "c0"}, one) == c0
+    assert target_of({"container": "other"}, one) is None  # with one target too: never act on its behalf
+    assert target_of({"unit": "other.service"}, one) is None

@@ -1,4 +1,8 @@
-"""The own HTTP API on `listen`: /metrics, /healthz, targets, series, and token-guarded control."""
+"""The own HTTP API on `listen`: /metrics, /healthz, targets, series, and token-guarded control.
+
+Everything it shows passes through the live config's `Redactor` (secret values and shapes masked); everything
+that changes state goes through `ControlGuard` (bearer token, bounded bodies).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,17 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .controlapi import check_bearer, control_routes, error_response
+from .controlapi import BadRequest, ControlGuard, bad_request, control_routes, error_response
 from .evaluation import RuleEvaluation
 from .gateway.control import GatewayControl
 from .monitor import Monitor
 from .promql.selectors import parse_selector
+from .redact import ConfigRedactors, Redactor
 from .remediation import Remediator
 from .store import is_stale
 
@@ -44,9 +50,16 @@ def build_app(
     get_gateway: Callable[[], GatewayControl | None] = lambda: None,
 ) -> Starlette:
     """The Starlette app; callables read live state so that reloads take effect at once."""
+    redactors = ConfigRedactors()
+
+    def redactor() -> Redactor:
+        return redactors.get(get_monitor().config)
+
+    def answer(data: Any) -> JSONResponse:
+        return JSONResponse(redactor().value(data))
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(redactor().bytes(generate_latest(registry)), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         if is_healthy():
@@ -81,7 +94,7 @@ def build_app(
                     },
                 }
             )
-        return JSONResponse({"status": "success", "data": out})
+        return answer({"status": "success", "data": out})
 
     async def series(request: Request) -> Response:
         match = request.query_params.get("match") or request.query_params.get("match[]")
@@ -96,9 +109,10 @@ def build_app(
         found = selector.select(get_monitor().store)
         if len(found) > MAX_SERIES:
             return error_response(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
+        red = redactor()
         data = [
             {
-                "labels": dict(s.labels),
+                "labels": red.value(dict(s.labels)),  # samples are numbers: no need to walk them
                 "samples": [
                     [t / 1000, "stale" if is_stale(v) else _value(v)]
                     for t, v in zip(s.ts, s.vals, strict=True)
@@ -109,23 +123,23 @@ def build_app(
         return JSONResponse({"status": "success", "data": data})
 
     async def alerts(request: Request) -> Response:
-        return JSONResponse(get_evaluation().manager.alerts_json())
+        return answer(get_evaluation().manager.alerts_json())
 
     async def rules(request: Request) -> Response:
-        return JSONResponse(get_evaluation().manager.rules_json())
+        return answer(get_evaluation().manager.rules_json())
 
     async def do_reload(request: Request) -> Response:
-        denied = check_bearer(request, get_token())
-        if denied is not None:
-            return denied
-        if int(request.headers.get("content-length") or 0) > MAX_CONTROL_BODY:
-            return error_response(413, f"request body over {MAX_CONTROL_BODY} bytes")
+        await request.body()  # none is expected; reading it enforces the limit on a chunked one
         ok, problems = await reload()
         if ok:
             return JSONResponse({"status": "success"})
-        return JSONResponse({"status": "error", "errors": problems}, status_code=422)
+        return JSONResponse({"status": "error", "errors": redactor().value(problems)}, status_code=422)
 
     return Starlette(
+        middleware=[
+            Middleware(ControlGuard, get_token=get_token, limits={"/-/reload": MAX_CONTROL_BODY}),
+        ],
+        exception_handlers={BadRequest: bad_request},
         routes=[
             Route("/metrics", metrics),
             Route("/healthz", healthz),
@@ -134,6 +148,6 @@ def build_app(
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
-            *control_routes(get_remediator, get_token, clock, get_gateway),
-        ]
+            *control_routes(get_remediator, clock, get_gateway, redactor),
+        ],
     )

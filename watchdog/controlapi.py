@@ -1,33 +1,46 @@
 """The action part of the own HTTP API: history, maintenance mode, silences, manual runs, inbound alerts.
 
-Everything that changes state needs the bearer token (`api_token`); reading the history does not.
+`ControlGuard` fronts the whole API: every method but GET and HEAD needs the bearer token (`api_token`), on
+every path, so that no state-changing route can be added without it; and every request body is bounded. Reads
+need no token; what they show passes through the config's `Redactor` first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .actionconfig import parse_matcher
 from .alerting import OutgoingAlert
 from .durations import parse_duration
 from .gateway.control import GatewayControl
+from .redact import Redactor
 from .remediation import Remediator
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
 MANUAL_WAIT_LIMIT = 3600.0
+READ_METHODS = frozenset({"GET", "HEAD"})  # the only methods that need no token
+DRAIN_BYTES = 2 * MAX_BODY  # read and dropped before a refusal, so that the client reads it (then: close)
+DRAIN_SECONDS = 2.0
 
 
 class BadRequest(ValueError):
-    """A request body problem; the message names the field."""
+    """A request body problem; the message names the field (400)."""
+
+
+class BodyTooLarge(ValueError):
+    """A request body over the limit of its path; raised while reading, and answered 413 by ControlGuard."""
 
 
 def error_response(status: int, message: str, **headers: str) -> JSONResponse:
@@ -35,27 +48,107 @@ def error_response(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"status": "error", "error": message}, status_code=status, headers=headers)
 
 
-def check_bearer(request: Request, token: str | None) -> JSONResponse | None:
-    """None if the request carries the configured bearer token, else the 401/403 to send."""
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
+def check_bearer(headers: Headers, token: str | None) -> JSONResponse | None:
+    """None if the headers carry the configured bearer token, else the 401/403 to send."""
     if not token:
         return error_response(403, "control API disabled: set api_token in the config")
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
         return error_response(
             401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="vllm-watchdog"'}
         )
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    # Constant time, and on digests so that not even the token's length shows in the timing.
+    if not hmac.compare_digest(_digest(given.strip()), _digest(token)):
         return error_response(403, "invalid bearer token")
     return None
 
 
+class ControlGuard:
+    """ASGI middleware: the bearer token for every method but GET/HEAD, and a body limit per path.
+
+    A declared Content-Length over the limit is refused without reading the body; a chunked (or understated)
+    body is counted as it arrives and refused at the first byte over. Before a refusal, at most DRAIN_BYTES
+    more are read and dropped for at most DRAIN_SECONDS, so that a client still sending reads the answer
+    rather than a reset; then the connection closes, and the rest of the body is never read.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        get_token: Callable[[], str | None],
+        limits: Mapping[str, int] | None = None,
+        default_limit: int = MAX_BODY,
+    ) -> None:
+        self.app = app
+        self.get_token = get_token
+        self.limits = dict(limits or {})
+        self.default_limit = default_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse, or pass the request on with a counting `receive`."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        limit = self.limits.get(scope["path"], self.default_limit)
+        refusal = None if scope["method"] in READ_METHODS else check_bearer(headers, self.get_token())
+        if refusal is None:
+            refusal = _declared_length_refusal(headers.get("content-length"), limit)
+        if refusal is not None:
+            await _refuse(refusal, scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge(f"request body over {limit} bytes")
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except BodyTooLarge as exc:  # raised while the handler read the body: nothing was sent yet
+            await _refuse(error_response(413, str(exc)), scope, receive, send)
+
+
+async def _refuse(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:
+    response.headers["Connection"] = "close"
+    loop = asyncio.get_running_loop()
+    deadline, left = loop.time() + DRAIN_SECONDS, DRAIN_BYTES
+    while left > 0:
+        try:
+            message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+        except TimeoutError:
+            break
+        left -= len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+    await response(scope, receive, send)
+
+
+def _declared_length_refusal(declared: str | None, limit: int) -> JSONResponse | None:
+    if declared is None:
+        return None
+    if not declared.isdigit():
+        return error_response(400, f"Content-Length: not a byte count: {declared[:40]!r}")
+    if int(declared) > limit:
+        return error_response(413, f"request body over {limit} bytes")
+    return None
+
+
+async def bad_request(request: Request, exc: Exception) -> Response:
+    """The app's handler for BadRequest: 400 naming the field."""
+    return error_response(400, str(exc))
+
+
 async def _body(request: Request) -> dict[str, Any]:
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise BadRequest(f"request body over {MAX_BODY} bytes")
+    raw = await request.body()  # bounded by ControlGuard
     if not raw.strip():
         return {}
     try:
@@ -154,31 +247,21 @@ def _silence_matchers(value: object) -> list[dict[str, str]]:
 
 def control_routes(
     get_remediator: Callable[[], Remediator],
-    get_token: Callable[[], str | None],
     clock: Callable[[], float],
     get_gateway: Callable[[], GatewayControl | None] = lambda: None,
+    get_redactor: Callable[[], Redactor] = Redactor,
 ) -> list[Route]:
-    """The routes; `get_token` reads the live api_token, so a reload changes it at once."""
+    """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-        async def wrapper(request: Request) -> Response:
-            denied = check_bearer(request, get_token())
-            if denied is not None:
-                return denied
-            try:
-                result: Response = await handler(request)
-            except BadRequest as exc:
-                return error_response(400, str(exc))
-            return result
-
-        return wrapper
+    def answer(data: Any, status_code: int = 200) -> JSONResponse:
+        return JSONResponse(get_redactor().value(data), status_code=status_code)
 
     async def actions(request: Request) -> Response:
         try:
             limit = min(int(request.query_params.get("limit", "100")), 10_000)
         except ValueError:
             return error_response(400, "limit: must be an integer")
-        return JSONResponse(get_remediator().status_json(clock(), limit=limit))
+        return answer(get_remediator().status_json(clock(), limit=limit))
 
     async def pause(request: Request) -> Response:
         body = await _body(request)
@@ -216,7 +299,7 @@ def control_routes(
 
     async def list_silences(request: Request) -> Response:
         silences = get_remediator().store.silences(clock(), active_only=False)
-        return JSONResponse({"status": "success", "data": [s.to_json() for s in silences]})
+        return answer({"status": "success", "data": [s.to_json() for s in silences]})
 
     async def expire_silence(request: Request) -> Response:
         if not get_remediator().store.expire_silence(request.path_params["sid"], clock()):
@@ -235,7 +318,7 @@ def control_routes(
         if not body.get("wait", False) or job.done is None:
             return JSONResponse({"status": "success", "queued": True}, status_code=202)
         result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
-        return JSONResponse({"status": "success", "result": result})
+        return answer({"status": "success", "result": result})
 
     async def inbound(request: Request) -> Response:
         alerts = inbound_alerts(await _body(request), clock())
@@ -246,7 +329,7 @@ def control_routes(
         gw = get_gateway()
         if gw is None:
             return error_response(404, "no gateway configured")
-        return JSONResponse({"status": "success", "data": await gw.status_json()})
+        return answer({"status": "success", "data": await gw.status_json()})
 
     async def open_breaker(request: Request) -> Response:
         gw = get_gateway()
@@ -276,14 +359,14 @@ def control_routes(
 
     return [
         Route("/api/v1/gateway", gateway_status),
-        Route("/api/v1/gateway/breakers", guarded(open_breaker), methods=["POST"]),
-        Route("/api/v1/gateway/breakers/{session}", guarded(close_breaker), methods=["DELETE"]),
+        Route("/api/v1/gateway/breakers", open_breaker, methods=["POST"]),
+        Route("/api/v1/gateway/breakers/{session}", close_breaker, methods=["DELETE"]),
         Route("/api/v1/actions", actions),
-        Route("/api/v1/pause", guarded(pause), methods=["POST"]),
-        Route("/api/v1/resume", guarded(resume), methods=["POST"]),
-        Route("/api/v1/silences", guarded(add_silence), methods=["POST"]),
+        Route("/api/v1/pause", pause, methods=["POST"]),
+        Route("/api/v1/resume", resume, methods=["POST"]),
+        Route("/api/v1/silences", add_silence, methods=["POST"]),
         Route("/api/v1/silences", list_silences, methods=["GET"]),
-        Route("/api/v1/silences/{sid}", guarded(expire_silence), methods=["DELETE"]),
-        Route("/api/v1/actions/{name}/run", guarded(run), methods=["POST"]),
-        Route("/api/v1/alertmanager", guarded(inbound), methods=["POST"]),
+        Route("/api/v1/silences/{sid}", expire_silence, methods=["DELETE"]),
+        Route("/api/v1/actions/{name}/run", run, methods=["POST"]),
+        Route("/api/v1/alertmanager", inbound, methods=["POST"]),
     ]

@@ -29,6 +29,7 @@ from apscheduler.events import (
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
+from . import logs
 from .actionmetrics import ActionCollector
 from .actionplane import ActionPlane
 from .api import build_app
@@ -39,6 +40,7 @@ from .evaluation import RuleEvaluation
 from .gateway.feed import GatewayFeed
 from .gateway.metrics import GatewayCollector, exposition
 from .monitor import Monitor
+from .redact import config_secrets
 from .rulefiles import RuleGroup, load_rule_files
 from .scrapelog import ScrapeLog
 from .sdnotify import Notifier
@@ -256,6 +258,7 @@ class Daemon:
             for problem in exc.problems:
                 log.error("reload rejected; keeping the old config", extra={"problem": str(problem)})
             return False, [str(p) for p in exc.problems]
+        logs.use_secrets(config_secrets(config))
         old = self.monitor.config
         if (config.listen_host, config.listen_port) != (old.listen_host, old.listen_port):
             log.warning("listen address changes take effect only after a restart")
@@ -287,6 +290,7 @@ class Daemon:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run until SIGTERM/SIGINT (or stop()); raises ConfigError if the first config is invalid."""
         config, rules = load_all(self.config_path, self.env)
+        logs.use_secrets(config_secrets(config))  # before anything logs a value from the config
         if not config.listens_on_loopback:
             log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
         loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""Logging: structured JSON lines, or plain text on a TTY."""
+"""Logging: structured JSON lines, or plain text on a TTY; secrets masked on the way out (`RedactFilter`)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,50 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any, TextIO
+
+from .redact import Redactor
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName", "color_message"}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+
+
+class RedactFilter(logging.Filter):
+    """Masks secrets in a record's message, its `extra=` fields and its traceback; drops nothing.
+
+    It sits on the handler, so it sees every record that is written, whichever logger it came from. The
+    shape rules (`--api-key X`, URL passwords, `Bearer X`) hold from the start; the config's known values
+    arrive with `use_secrets`.
+    """
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        super().__init__()
+        self.redactor = redactor or Redactor()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record in place; always keep it."""
+        red = self.redactor
+        record.msg, record.args = red.text(record.getMessage()), None
+        for key, value in _extras(record).items():
+            setattr(record, key, red.value(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = red.text(record.exc_text)
+        return True
+
+
+def use_secrets(values: Iterable[str]) -> None:
+    """Mask these values (the config's secrets: `redact.config_secrets`) in every line from now on."""
+    redactor = Redactor.of(values)
+    for handler in logging.getLogger().handlers:
+        for f in handler.filters:
+            if isinstance(f, RedactFilter):
+                f.redactor = redactor
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,7 +65,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         out.update(_extras(record))
-        if record.exc_info:
+        if record.exc_text:  # set (and redacted) by RedactFilter
+            out["exc"] = record.exc_text
+        elif record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 
@@ -41,7 +80,9 @@ class TextFormatter(logging.Formatter):
         base = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {record.getMessage()}"
         extra = " ".join(f"{k}={v}" for k, v in _extras(record).items())
         text = f"{base} {extra}" if extra else base
-        if record.exc_info:
+        if record.exc_text:
+            text += "\n" + record.exc_text
+        elif record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
 
@@ -52,6 +93,7 @@ def setup(level: str = "info", stream: TextIO | None = None, fmt: str = "auto") 
     use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
+    handler.addFilter(RedactFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -9,6 +9,10 @@ from .actionconfig import RouteConfig, matches_all
 from .config import TargetConfig
 
 TARGET_LABELS = ("target", "instance")  # where an alert names its server, in this order
+# Labels that name what an alert is about in other ways (cAdvisor and docker_sd write `container`/`name`,
+# node_exporter's systemd collector `name`... and `unit`): present, they must name the target's own
+# container or unit, or the alert is about something the watchdog does not manage.
+IDENTITY_LABELS = ("container", "name", "unit")
 
 
 def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[str]:
@@ -41,7 +45,15 @@ def target_of(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> Tar
 
     `target` or `instance` may hold the target's name (what the embedded evaluator writes) or its host:port
     (what a central Prometheus scraping the server writes). With one target and no such label, it is that one.
+    A `container`, `name` or `unit` label must name that target's own container or unit, or it is none.
     """
+    found = _named(labels, targets)
+    if found is None or not all(_is_own(found, key, labels[key]) for key in IDENTITY_LABELS if key in labels):
+        return None
+    return found
+
+
+def _named(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> TargetConfig | None:
     for key in TARGET_LABELS:
         value = labels.get(key)
         if not value:
@@ -51,3 +63,11 @@ def target_of(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> Tar
                 return t
         return None  # names a server we do not manage: never guess
     return targets[0] if len(targets) == 1 else None
+
+
+def _is_own(target: TargetConfig, key: str, value: str) -> bool:
+    """Whether an identity label names the target's own container or unit (docker_sd's leading / allowed)."""
+    own = target.unit if key == "unit" else target.container
+    if key == "name" and target.unit is not None:
+        own = target.unit
+    return own is not None and value.lstrip("/") in (own, own.removesuffix(".service"))

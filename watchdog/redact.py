@@ -1,0 +1,209 @@
+"""Secret redaction for what the watchdog shows: its log lines and its own API's answers.
+
+Two kinds of secret are masked. Known values: the ones the config holds (`api_token`, canary API keys,
+secret notifier and rule-backend headers, URL passwords, secret-named `env` values and command-line flags,
+gateway API keys), registered with `config_secrets`. And shapes that are secret whatever their value: the
+value of a secret-named flag (`--api-key VALUE`, `--hf-token=VALUE`), variable or field (`HF_TOKEN=...`,
+`"password": ...`), the password in a URL (`https://user:PASSWORD@host`) and a `Bearer`/`Basic` credential.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from .config import Config
+
+MASK = "<redacted>"
+# Known values shorter than this are not masked by value (a 3-letter token would mask every "tok" in the
+# output); their shapes still are.
+MIN_SECRET_LENGTH = 8
+# A name is secret when one of its dash/underscore-separated words is one of these (`--api-key`, `HF_TOKEN`,
+# `x-api-key`, `proxy-authorization`), and not for near misses (`--tokenizer`, `max_tokens`, `spec_key`).
+_SECRET_NAME = re.compile(
+    r"(?:^|-)(?:token|secret|password|passwd|pwd|credentials?|api-?key|access-?key|private-?key|auth"
+    r"|authorization|cookie|set-cookie)(?:$|-)"
+)
+_MAY_HAVE_SHAPE = re.compile(r"[\s=:@]")  # every shape below needs one of these
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#@\s:\"']*)(?::([^/?#@\s\"']*))?@")
+_CREDENTIAL = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")  # as HTTP spells them
+_VALUE = r"""(?!-)[^\s&"',;}]+"""
+# `--name value` and `--name=value` (flags), `name=value` and `name: value` (assignments): the name decides.
+# Only the name and separator are consumed (the value is looked ahead), so a name inside another's value, such
+# as `token=` in `http://u:x@h/?token=...`, is still found.
+_ASSIGNMENT = re.compile(
+    rf"""(?<![\w-])(?:(--?[A-Za-z][\w.-]*)(\s+|=)(?=({_VALUE}))"""
+    rf"""|([A-Za-z_][\w.-]*)(["']?\s*(?:=|:(?!//))\s*["']?)(?=({_VALUE})))"""
+)
+
+
+@functools.lru_cache(maxsize=4096)  # field and flag names repeat in every row
+def is_secret_name(name: str) -> bool:
+    """Whether a flag, variable, header or field of this name holds a secret."""
+    return _SECRET_NAME.search(name.lower().lstrip("-").replace("_", "-")) is not None
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    scheme, user, password = m.group(1), m.group(2), m.group(3)
+    if password is None:  # a lone user part is often a token (https://TOKEN@host)
+        return f"{scheme}{MASK}@" if user else m.group(0)
+    return f"{scheme}{user}:{MASK}@"
+
+
+def _mask_assignments(text: str) -> str:
+    out, done = [], 0
+    for m in _ASSIGNMENT.finditer(text):
+        name, value = (m.group(1), m.group(3)) if m.group(1) is not None else (m.group(4), m.group(6))
+        if m.start() < done or not is_secret_name(name) or value == MASK:
+            continue
+        if value in ("Bearer", "Basic"):  # `Authorization: Bearer X`: the credential rule masks X
+            continue
+        out += [text[done : m.end()], MASK]
+        done = m.end() + len(value)
+    return "".join(out) + text[done:] if out else text
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Masks known secret values and secret shapes in text and in JSON-like data."""
+
+    secrets: tuple[str, ...] = ()  # longest first, so that a secret containing another is masked whole
+
+    @classmethod
+    def of(cls, values: Iterable[str]) -> Redactor:
+        """A redactor for these known values (short ones are left to the shape rules)."""
+        kept = {v for v in values if len(v) >= MIN_SECRET_LENGTH}
+        return cls(tuple(sorted(kept, key=lambda v: (-len(v), v))))
+
+    def text(self, text: str) -> str:
+        """`text` with every known secret and every secret shape masked."""
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        if not _MAY_HAVE_SHAPE.search(text):
+            return text
+        if "@" in text:
+            text = _URL_USERINFO.sub(_mask_userinfo, text)
+        text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+        return _mask_assignments(text)
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        """A command line with the value of every secret-named flag masked (`--api-key X`, `--api-key=X`)."""
+        out: list[str] = []
+        hide_next = False
+        for arg in args:
+            if hide_next and not arg.startswith("-"):
+                out.append(MASK)
+                hide_next = False
+                continue
+            hide_next = False
+            name, eq, _ = arg.partition("=")
+            if arg.startswith("-") and is_secret_name(name):
+                if eq:
+                    out.append(f"{name}={MASK}")
+                    continue
+                hide_next = True
+            out.append(self.text(arg))
+        return out
+
+    def value(self, data: Any) -> Any:
+        """JSON-like data with secrets masked: secret-named fields whole, strings and command lines within."""
+        if isinstance(data, str):
+            return self.text(data)
+        if isinstance(data, Mapping):
+            out: dict[Any, Any] = {}
+            for key, item in data.items():
+                name = self.text(key) if isinstance(key, str) else key
+                secret = isinstance(key, str) and is_secret_name(key)
+                out[name] = MASK if secret and isinstance(item, str) and item else self.value(item)
+            return out
+        if isinstance(data, (list, tuple)):
+            if data and all(isinstance(a, str) for a in data):
+                return self.argv(data)
+            return [self.value(item) for item in data]
+        return data
+
+    def bytes(self, body: bytes) -> bytes:
+        """A text body (such as /metrics) with the known secrets masked."""
+        for secret in self.secrets:
+            raw = secret.encode()
+            if raw in body:
+                body = body.replace(raw, MASK.encode())
+        return body
+
+
+def _url_password(url: str | None) -> list[str]:
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [p for p in (parts.password, parts.username if parts.password is None else None) if p]
+    return [*found, *(unquote(p) for p in found)]
+
+
+def _header_values(headers: Mapping[str, str]) -> list[str]:
+    out: list[str] = []
+    for name, value in headers.items():
+        if is_secret_name(name):
+            out.append(value)
+            scheme, _, credential = value.partition(" ")
+            if credential and scheme.lower() in ("bearer", "basic", "token"):
+                out.append(credential.strip())
+    return out
+
+
+def _argv_values(args: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        name, eq, value = arg.partition("=")
+        if not is_secret_name(name):
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out.append(args[i + 1])
+    return out
+
+
+def config_secrets(config: Config) -> tuple[str, ...]:
+    """Every secret value the config holds, for `Redactor.of`."""
+    values: list[str] = []
+    if config.api_token:
+        values.append(config.api_token)
+    for t in config.targets:
+        if t.canary.api_key:
+            values.append(t.canary.api_key)
+        values += _url_password(t.url)
+        values += [v for k, v in t.env.items() if is_secret_name(k)]
+        values += _argv_values(t.command)
+    for n in config.notifiers:
+        values += _header_values(n.headers) + _url_password(n.url)
+    if config.rule_backend is not None:
+        values += _header_values(config.rule_backend.headers) + _url_password(config.rule_backend.url)
+    values += _url_password(config.gpus.dcgm_url)
+    if config.gateway is not None:
+        values += list(config.gateway.priority.api_keys)
+    return tuple(v for v in values if v)
+
+
+class ConfigRedactors:
+    """The redactor of the live config, rebuilt only when a reload brings a new config object."""
+
+    def __init__(self) -> None:
+        self._config: object = None
+        self._redactor = Redactor()
+
+    def get(self, config: Config) -> Redactor:
+        """The redactor for `config`."""
+        if config is not self._config:
+            self._config, self._redactor = config, Redactor.of(config_secrets(config))
+        return self._redactor
