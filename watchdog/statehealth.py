@@ -290,3 +290,23 @@ def _empty(db: sqlite3.Connection) -> bool:
         )
     ]
     return not any(db.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone() for t in tables)
+
+
+class FileOrMemory:
+    """What a store on a FallbackDB (`_file`) or, with no file, only in memory (`_memory`) shares: the
+    connection in use, whether it is degraded, and running a write so that a refusing file falls back."""
+
+    _file: FallbackDB | None
+    _memory: sqlite3.Connection
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._memory if self._file is None else self._file.db
+
+    @property
+    def degraded(self) -> bool:
+        """Whether it works on a copy in memory because its file cannot be written."""
+        return self._file is not None and self._file.degraded
+
+    def _write(self, write: Callable[[], T]) -> T:
+        return write() if self._file is None else self._file.run(write)

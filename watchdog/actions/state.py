@@ -30,7 +30,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..statehealth import FallbackDB, StateHealth, merge_rows
+from ..statehealth import FallbackDB, FileOrMemory, StateHealth, merge_rows
 from .records import MATCH_OPS, ActionRecord, Silence, StepRecord, parse_silence_matchers
 
 __all__ = [
@@ -204,15 +204,13 @@ def _write(method: Callable[Concatenate[ActionStore, P], R]) -> Callable[Concate
     """A write: on a file that refuses it, the store moves to memory and the write is done there."""
 
     def write(self: ActionStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._file is None:
-            return method(self, *args, **kwargs)
-        return self._file.run(lambda: method(self, *args, **kwargs))
+        return self._write(lambda: method(self, *args, **kwargs))
 
     functools.update_wrapper(write, method)  # the name and docstring; its return type would lose `self`
     return write
 
 
-class ActionStore:
+class ActionStore(FileOrMemory):
     """The remediation state database; `path` None keeps it in memory. Use it from one thread. `health`
     is told when the file cannot be written and moves the store back to it (see statehealth)."""
 
@@ -228,15 +226,6 @@ class ActionStore:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         prepare = functools.partial(migrate, where=path)
         self._file = FallbackDB(path, self._open, _memory, prepare, _merge, health=health)
-
-    @property
-    def _db(self) -> sqlite3.Connection:
-        return self._memory if self._file is None else self._file.db
-
-    @property
-    def degraded(self) -> bool:
-        """Whether the store works on a copy in memory because its file cannot be written."""
-        return self._file is not None and self._file.degraded
 
     def _open(self, path: str) -> sqlite3.Connection:
         """The file's database; an unusable file is moved aside and a new one made."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..statehealth import FallbackDB, StateHealth
+from ..statehealth import FallbackDB, FileOrMemory, StateHealth
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class NewItem:
     key: str | None = None
 
 
-class DeliveryQueue:
+class DeliveryQueue(FileOrMemory):
     """Queued items per notifier in a SQLite file (WAL), or in memory when `path` is None. `health` is told
     when the file cannot be written and moves the queue back to it (see statehealth)."""
 
@@ -71,15 +71,6 @@ class DeliveryQueue:
             self._memory = self._prepare(sqlite3.connect(":memory:"))
         else:
             self._file = FallbackDB(path, self._open, _memory, self._prepare, _merge, health=health)
-
-    @property
-    def _db(self) -> sqlite3.Connection:
-        return self._memory if self._file is None else self._file.db
-
-    @property
-    def degraded(self) -> bool:
-        """Whether the queue is kept in memory because its file cannot be written."""
-        return self._file is not None and self._file.degraded
 
     def _open(self, path: str) -> sqlite3.Connection:
         try:
@@ -93,9 +84,6 @@ class DeliveryQueue:
                 extra={"path": path, "moved_to": aside, "error": str(exc)},
             )
             return self._prepare(sqlite3.connect(path))
-
-    def _write(self, write: Callable[[], T]) -> T:
-        return write() if self._file is None else self._file.run(write)
 
     @staticmethod
     def _prepare(db: sqlite3.Connection) -> sqlite3.Connection:
