@@ -25,6 +25,7 @@ from vllm_watchdog.alerting import AlertingRule, AlertState, OutgoingAlert
 from vllm_watchdog.daemon import Daemon
 from vllm_watchdog.gateway.config import GatewayConfig
 from vllm_watchdog.gateway.control import HOLD_TTL, GatewayControl
+from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.throttle import ThrottleSpec
 from vllm_watchdog.notifiers.hub import NotificationHub
@@ -236,7 +237,9 @@ async def gateway(clocks: Clocks, store: ActionStore) -> Any:
     upstream = Upstream()
     config = GatewayConfig(target="vllm-0", upstream=upstream.url, listen_port=free_port(), max_in_flight=8)
     server = GatewayServer(config, monotonic=clocks.mono)
-    control = GatewayControl(server, store, clock=clocks.wall, monotonic=clocks.mono)
+    control = GatewayControl(
+        LocalLink(server, monotonic=clocks.mono), config, store, clock=clocks.wall, monotonic=clocks.mono
+    )
     await control.start()
     yield control
     await control.aclose(grace=1.0)
@@ -244,7 +247,7 @@ async def gateway(clocks: Clocks, store: ActionStore) -> Any:
 
 
 def _limit(control: GatewayControl) -> int:
-    return int(control.server.call_sync(lambda: control.server.gate.limit, timeout=10))
+    return int(control.link.server.call_sync(lambda: control.link.server.gate.limit, timeout=10))  # type: ignore[attr-defined]
 
 
 @pytest.mark.anyio
@@ -262,7 +265,7 @@ async def test_throttle_recovery_and_hold_ttl_follow_the_monotonic_clock(
     await gateway.tick()  # the hold went stale and is released
     for _ in range(50):
         await asyncio.sleep(0.02)  # the release runs on the gateway's loop
-        if not gateway.server.call_sync(lambda: gateway.server.throttle.held, timeout=10):
+        if not gateway.link.server.call_sync(lambda: gateway.link.server.throttle.held, timeout=10):  # type: ignore[attr-defined]
             break
     seen = []
     for _ in range(3):

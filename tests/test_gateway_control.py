@@ -20,6 +20,7 @@ from vllm_watchdog.alerting import OutgoingAlert
 from vllm_watchdog.config import Config, parse_config
 from vllm_watchdog.gateway.control import GatewayControl, window_quantile
 from vllm_watchdog.gateway.feed import GatewayFeed
+from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import HistogramSnapshot
 from vllm_watchdog.remediation import Remediator
@@ -69,7 +70,9 @@ class Rig:
         assert config.gateway is not None
         self.config, self.store, self.clock = config, store, clock
         self.server = GatewayServer(config.gateway, monotonic=clock)
-        self.control = GatewayControl(self.server, store, clock=clock, monotonic=clock)
+        self.control = GatewayControl(
+            LocalLink(self.server, monotonic=clock), config.gateway, store, clock=clock, monotonic=clock
+        )
         self.client = httpx.AsyncClient()
         self.remediator = Remediator(config, store, {}, ReadyCheck(self.client), clock=clock, monotonic=clock)
         self.remediator.gateway = self.control

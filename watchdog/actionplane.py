@@ -19,8 +19,10 @@ from .actions.state import ACTIONS_DB, ActionStore
 from .alerting import OutgoingAlert
 from .background import Background
 from .config import Config, TargetConfig
+from .gateway.config import GatewayConfig
 from .gateway.control import GatewayControl
-from .gateway.server import GatewayServer
+from .gateway.link import GatewayLink
+from .gateway.process import process_link
 from .gateway.snapshot import GatewaySnapshot
 from .notifiers.hub import NotificationHub
 from .promql.engine import Engine
@@ -52,6 +54,7 @@ class ActionPlane:
         systemctl: Sequence[str] = ("systemctl",),
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -94,10 +97,10 @@ class ActionPlane:
         self._background = Background()
         self.gateway: GatewayControl | None = None
         if config.gateway is not None:
-            server = GatewayServer(config.gateway, monotonic=monotonic)
             target = config.gateway.target
             self.gateway = GatewayControl(
-                server,
+                gateway_link(config.gateway, config.state_dir),
+                config.gateway,
                 self.store,
                 clock=clock,
                 monotonic=monotonic,
@@ -196,7 +199,7 @@ class ActionPlane:
             if (gw is None) != (new is None):
                 log.warning("adding or removing the gateway takes effect only after a restart")
             return
-        old = gw.server.config
+        old = gw.config
         if (new.listen_host, new.listen_port, new.target, new.upstream) != (
             old.listen_host,
             old.listen_port,
@@ -205,7 +208,7 @@ class ActionPlane:
         ):
             log.warning("gateway listen, target and upstream changes take effect only after a restart")
             return
-        self._background.spawn(gw.server.call(lambda: gw.server.apply(new)), "gateway:apply")
+        self._background.spawn(gw.apply(new), "gateway:apply")
 
     async def gateway_tick(self) -> GatewaySnapshot | None:
         """Move the throttle one step and take the gateway's snapshot (None without a gateway)."""

@@ -56,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             record=args.record,
             record_max_bytes=args.record_max_bytes,
             record_keep=args.record_keep,
+            external_gateway=args.external_gateway,
         )
         asyncio.run(daemon.run())
     except ConfigError as exc:
@@ -65,6 +66,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"vllm-watchdog: {exc}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """Run the gateway process alone (systemd's vllm-watchdog-gateway.service, compose's gateway service)."""
+    from .gateway.process import main as gateway_main  # noqa: PLC0415 - the gateway imports no daemon code
+
+    argv = ["--log-level", args.log_level]
+    if args.config:
+        argv += ["--config", args.config]
+    return gateway_main(argv)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -278,6 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--record-max-bytes", type=parse_size, default=64 << 20, help="rotate segments at this size"
     )
     run.add_argument("--record-keep", type=int, default=8, help="segments kept after rotation")
+    run.add_argument(
+        "--external-gateway",
+        action="store_true",
+        help="another supervisor (systemd's vllm-watchdog-gateway.service, a compose service) runs the "
+        "gateway "
+        "process: attach to it and never start one",
+    )
+    gateway = _command(
+        sub,
+        "gateway",
+        cmd_gateway,
+        "run the admission gateway process",
+        "Run the `gateway:` of the config as a process of its own, as the daemon would start it; the daemon "
+        "attaches to it over its control socket.",
+    )
+    gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _command(
         sub,
         "check",

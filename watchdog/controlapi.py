@@ -341,7 +341,7 @@ def control_routes(
             raise BadRequest("session: must not be empty")
         try:
             given = _string(body, "duration", default="")
-            duration = parse_duration(given) if given else gw.server.config.sessions.breaker_duration
+            duration = parse_duration(given) if given else gw.breaker_default
         except ValueError as exc:
             raise BadRequest(f"duration: {exc}") from None
         if duration <= 0:

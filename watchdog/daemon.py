@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import math
 import os
@@ -14,6 +15,7 @@ import ssl
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -38,7 +40,9 @@ from .config import Config, load_config
 from .errors import ConfigError
 from .evaluation import RuleEvaluation
 from .gateway.feed import GatewayFeed
+from .gateway.process import process_link
 from .gateway.metrics import GatewayCollector, exposition
+from .listener import Listener, ListenerCollector, ListenerLimits
 from .monitor import Monitor
 from .redact import config_secrets
 from .rulefiles import RuleGroup, load_rule_files
@@ -52,6 +56,8 @@ from .sources.selffeed import SelfFeed
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
 SHUTDOWN_GRACE = 3.0
+# The own API serves a few scrapers, probes and operators: a small cap, and headers within 10 s.
+API_LIMITS = ListenerLimits(max_connections=512, header_timeout=10.0)
 GATEWAY_JOB = "vllm-watchdog-gateway"  # the job label of the gateway's series in a scrape log (run --record)
 
 
@@ -99,8 +105,11 @@ class Daemon:
         record_keep: int = 8,
         docker_client: Callable[[], Any] | None = None,
         systemctl: tuple[str, ...] = ("systemctl",),
+        api_limits: ListenerLimits = API_LIMITS,
+        external_gateway: bool = False,
     ) -> None:
         self.config_path = config_path
+        self.external_gateway = external_gateway  # systemd or compose runs the gateway process: attach only
         self.env = dict(os.environ if env is None else env)
         self.clock = clock
         self.monotonic = monotonic
@@ -115,6 +124,7 @@ class Daemon:
         self.actions: ActionPlane | None = None
         self.docker_client = docker_client
         self.systemctl = systemctl
+        self.api_listener = Listener(api_limits, _api_error_body)
         self.record = (record, record_max_bytes, record_keep)
         self.scrapelog: ScrapeLog | None = None
         self.stop_event: asyncio.Event | None = None
@@ -315,7 +325,9 @@ class Daemon:
             ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
         )
         self._attach_gpu(config)
-        kwargs = {} if self.docker_client is None else {"docker_client": self.docker_client}
+        kwargs: dict[str, Any] = {} if self.docker_client is None else {"docker_client": self.docker_client}
+        if self.external_gateway:
+            kwargs["gateway_link"] = lambda gw, state_dir: process_link(replace(gw, supervise=False), state_dir)
         self.actions = ActionPlane(
             config,
             lambda: self._evaluation().engine,
@@ -335,6 +347,7 @@ class Daemon:
         host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host
         self.self_feed = SelfFeed(mon.store, own, f"{host}:{config.listen_port}", lambda: mon.keep_names)
         registry.register(GatewayCollector(lambda: g.snapshot if (g := self._actions().gateway) else None))
+        registry.register(ListenerCollector("vllm_watchdog_api_", lambda: self.api_listener))
         app = build_app(
             self._monitor,
             self._evaluation,
@@ -354,6 +367,7 @@ class Daemon:
                 log_config=None,
                 access_log=False,
                 lifespan="off",
+                http=self.api_listener.protocol(),  # connection cap, header deadline and size (431)
             )
         )
         self.scheduler = AsyncIOScheduler(event_loop=loop)
@@ -463,6 +477,11 @@ class Daemon:
 def _job_kind(job_id: object) -> str:
     """`scrape:vllm-0` -> `scrape`: the label of the missed-deadline counter."""
     return str(job_id).split(":")[0]
+
+
+def _api_error_body(status: int, reason: str, message: str) -> bytes:
+    """The own API's JSON error (as controlapi.error_response writes it), for the listener's refusals."""
+    return json.dumps({"status": "error", "error": message, "reason": reason}).encode()
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,24 +1,27 @@
 """The daemon's handle on the running gateway: actions, drains, adaptive signals and persisted state.
 
-The gateway owns its own thread and event loop; everything here runs on the daemon's loop and reaches the
-gateway's objects only through `GatewayServer.call`.
+The gateway is a process of its own (or, in tests, a thread); everything here runs on the daemon's loop and
+reaches it only through a link's commands. A gateway that stops answering is reported once, and started again
+if it died; its series go stale meanwhile, so rules see the gap.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..actions.state import ActionStore
 from ..background import Background
 from ..promql.mathfuncs import histogram_quantile
-from .server import GatewayServer
+from .channel import ChannelError
+from .codec import decode, encode
+from .config import GatewayConfig
+from .link import GatewayLink
 from .snapshot import GatewaySnapshot, HistogramSnapshot
 from .throttle import ThrottleSpec
 
@@ -44,20 +47,26 @@ class GatewayControl:
 
     def __init__(
         self,
-        server: GatewayServer,
+        link: GatewayLink,
+        config: GatewayConfig,
         store: ActionStore,
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         queue_time: Callable[[], float | None] = lambda: None,
     ) -> None:
-        self.server = server
+        self.link = link
+        self.config = config
         self.queue_time = queue_time  # vLLM's own recent queue time (p90), for the adaptive throttle
         self.store = store
         self.clock, self.monotonic = clock, monotonic
-        self.target = server.config.target
-        self.breaker_default = server.config.sessions.breaker_duration
+        self.target = config.target
+        self.breaker_default = config.sessions.breaker_duration
         self.snapshot: GatewaySnapshot | None = None
+        self.reachable = False  # the gateway answered the last command
+        self.restarts = 0  # gateway processes started again after one died
+        self._in_flight = 0
+        self._lapses = 0  # the gateway's count of lease lapses, as last seen
         self._holds_seen: dict[str, float] = {}  # hold key -> when its alert last asked (monotonic)
         self._history: deque[tuple[float, HistogramSnapshot]] = deque()  # (when, time-to-first-byte)
         self._persisted = ""
@@ -66,49 +75,92 @@ class GatewayControl:
     @property
     def listen(self) -> str:
         """host:port the gateway serves on."""
-        return f"{self.server.config.listen_host}:{self.server.config.listen_port}"
+        return f"{self.config.listen_host}:{self.config.listen_port}"
 
     @property
     def _key(self) -> str:
         return f"gateway/{self.target}"
 
     async def start(self) -> None:
-        """Start serving with the throttle, breakers and drain state a previous run left."""
-        await asyncio.to_thread(self.server.start)
-        saved = self.store.get(self._key)
-        if isinstance(saved, dict):
-            await self.server.call(lambda: self._restore(saved))
-        drained = self.target in self.store.drains()
-        await self.server.call(lambda: self.server.gate.set_drain(drained))
+        """Start (or adopt) the gateway; a new one gets the throttle, breakers and drain left before."""
+        await self._attached(await self.link.attach())
         self.store.on_drain = self.on_drain
 
-    def _restore(self, saved: dict[str, Any]) -> None:
-        throttle = saved.get("throttle")
-        if isinstance(throttle, dict):
-            self.server.throttle.restore(throttle)
-        now_wall, now_mono = self.clock(), self.monotonic()
+    async def _attached(self, hello: Mapping[str, Any]) -> None:
+        """A gateway answered for the first time: a new one takes the saved state; an adopted one (it outlived
+        the previous watchdog) keeps its own, which is newer. Either follows the drain flag of the store."""
+        if hello.get("fresh"):
+            await self.link.request("restore", self._saved())
+        else:
+            log.info("adopted a running gateway", extra={"target": self.target, "pid": hello.get("pid")})
+        lapses = hello.get("lapses")
+        self._lapses = lapses if isinstance(lapses, int) else 0
+        await self._resync()
+        self.reachable = True
+
+    async def _resync(self) -> None:
+        """Follow the store's drain flag, and forget holds the gateway no longer has (a lapsed lease released
+        them; the next firing of their alert holds again)."""
+        drained = self.target in self.store.drains()
+        self._in_flight = int(await self.link.request("set_drain", {"drained": drained}))
+        holds = (await self.link.request("state")).get("throttle", {}).get("holds", {})
+        holds = holds if isinstance(holds, dict) else {}
+        now = self.monotonic()
+        for key in list(self._holds_seen):
+            if key not in holds:
+                del self._holds_seen[key]
+        for key in holds:
+            self._holds_seen.setdefault(str(key), now)
+
+    def _saved(self) -> dict[str, Any]:
+        """The persisted state as the restore command takes it (breaker ends as seconds left)."""
+        saved = self.store.get(self._key)
+        if not isinstance(saved, dict):
+            return {}
+        now_wall = self.clock()
         breakers = saved.get("breakers")
-        for session, value in (breakers if isinstance(breakers, dict) else {}).items():
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float)):
-                left = float(value[0]) - now_wall
-                if left > 0:
-                    self.server.gate.open_breaker(str(session), now_mono + left, str(value[1]))
-        holds = self.server.throttle.state().get("holds")
-        for key in holds if isinstance(holds, dict) else {}:
-            self._holds_seen[str(key)] = now_mono
+        left = {
+            str(session): [float(value[0]) - now_wall, str(value[1])]
+            for session, value in (breakers if isinstance(breakers, dict) else {}).items()
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float))
+        }
+        return {"throttle": saved.get("throttle"), "breakers": left}
+
+    async def _request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
+        """One command; a gateway that died is started again first, and the command sent to the new one."""
+        try:
+            result = await self.link.request(op, args)
+        except ChannelError as exc:
+            if self.reachable:
+                log.error("the gateway does not answer", extra={"target": self.target, "error": str(exc)})
+            self.reachable = False
+            hello = await self._revive()
+            if hello is None:
+                raise
+            result = await self.link.request(op, args)
+        if not self.reachable:
+            log.warning("the gateway answers again", extra={"target": self.target})
+        self.reachable = True
+        return result
+
+    async def _revive(self) -> dict[str, Any] | None:
+        try:
+            hello = await self.link.revive()
+        except OSError as exc:
+            log.error("starting the gateway again failed", extra={"target": self.target, "error": str(exc)})
+            return None
+        if hello is not None:
+            self.restarts += 1
+            await self._attached(hello)
+        return hello
 
     # -- actions -------------------------------------------------------------------------------
     async def throttle(self, key: str, spec: ThrottleSpec) -> tuple[int, int]:
         """Tighten the cap for an alert (key: action and alert); returns the cap before and after."""
-
-        def hold() -> tuple[int, int]:
-            before = self.server.gate.limit
-            return before, self.server.throttle.hold(key, spec)
-
         self._holds_seen[key] = self.monotonic()
-        result = await self.server.call(hold)
+        before, after = await self._request("hold", {"key": key, "spec": spec.to_json()})
         await self.persist()
-        return result
+        return int(before), int(after)
 
     def release(self, key: str) -> None:
         """The alert behind a hold resolved: recovery starts once no hold is left."""
@@ -116,23 +168,22 @@ class GatewayControl:
         self._background.spawn(self._release(key))
 
     async def _release(self, key: str) -> None:
-        await self.server.call(lambda: self.server.throttle.release(key))
+        await self._request("release", {"key": key})
         await self.persist()
 
     async def open_breaker(self, session: str, duration: float, reason: str) -> None:
         """Refuse a session's requests for `duration` seconds."""
-        until = self.monotonic() + duration
-        await self.server.call(lambda: self.server.gate.open_breaker(session, until, reason))
+        await self._request("open_breaker", {"session": session, "seconds": duration, "reason": reason})
         await self.persist()
 
     async def close_breaker(self, session: str) -> None:
         """Admit a session again."""
-        await self.server.call(lambda: self.server.gate.close_breaker(session))
+        await self._request("close_breaker", {"session": session})
         await self.persist()
 
     async def set_drain(self, drained: bool) -> None:
         """Hold or refuse new requests (drained), or admit them again."""
-        await self.server.call(lambda: self.server.gate.set_drain(drained))
+        self._in_flight = int(await self._request("set_drain", {"drained": drained}))
 
     def on_drain(self, target: str, drained: bool) -> None:
         """The action store's drain hook: follow the flag for our target."""
@@ -140,12 +191,13 @@ class GatewayControl:
             self._background.spawn(self.set_drain(drained))
 
     def in_flight(self) -> int:
-        """Requests forwarded and not finished (an int read across threads is safe)."""
-        return int(self.server.gate.in_flight)
+        """Requests forwarded and not finished, as of the last word from the gateway (at most a tick old)."""
+        return self._in_flight
 
     # -- periodic ------------------------------------------------------------------------------
-    async def tick(self) -> GatewaySnapshot:
-        """Drop stale holds, move the throttle one step, persist changes and take a snapshot."""
+    async def tick(self) -> GatewaySnapshot | None:
+        """Drop stale holds, move the throttle one step, persist changes and take a snapshot; None if the
+        gateway did not answer (its series then go stale)."""
         now = self.monotonic()
         for key, seen in list(self._holds_seen.items()):
             if now - seen > HOLD_TTL:
@@ -155,16 +207,26 @@ class GatewayControl:
         # The gateway's own queue time rises whenever the cap falls, so it would feed on itself: the adaptive
         # throttle follows vLLM's queue time, or the time to first byte of what the gateway let through.
         signals = {"queue_time": self.queue_time(), "ttft": self._ttfb()}
-        mono, wall = now, self.clock()
-
-        def step() -> tuple[GatewaySnapshot, dict[str, Any]]:  # one trip to the gateway's loop per tick
-            self.server.throttle.tick(signals.get)
-            return self.server.snapshot(), self._state(mono, wall)
-
-        snap, state = await self.server.call(step)
+        try:
+            answer = await self._request(
+                "tick", {"signals": {k: v for k, v in signals.items() if v is not None}}
+            )
+            snap = decode(GatewaySnapshot, answer["snapshot"])
+        except (ChannelError, KeyError, TypeError, ValueError):
+            self.snapshot = None
+            return None
+        self._in_flight = snap.gate.in_flight
+        lapses = answer.get("lapses")
+        if isinstance(lapses, int) and lapses != self._lapses:
+            self._lapses = lapses
+            log.warning(
+                "the gateway lifted its holds while this watchdog was silent: re-syncing",
+                extra={"target": self.target},
+            )
+            await self._resync()
         self._history.append((now, snap.proxy.ttfb))
         self.snapshot = snap
-        self._save(state)
+        self._save(answer["state"])
         return snap
 
     def _trim(self, now: float) -> None:
@@ -176,52 +238,50 @@ class GatewayControl:
             return None
         return window_quantile(SIGNAL_QUANTILE, self._history[0][1], self._history[-1][1])
 
-    def _state(self, mono: float, wall: float) -> dict[str, Any]:
-        """The throttle and breakers as saved (breaker ends as wall-clock times); runs on the gateway loop."""
+    def _save(self, state: Mapping[str, Any]) -> None:
+        """Persist the throttle and breakers (breaker ends as wall-clock times) when they changed."""
+        wall = self.clock()
+        left = state.get("breakers")
         breakers = {
-            s: [wall + (until - mono), reason] for s, (until, reason) in self.server.gate.breakers().items()
+            s: [wall + float(v[0]), v[1]] for s, v in (left if isinstance(left, dict) else {}).items()
         }
-        throttle = self.server.throttle.state()
-        throttle.pop("seconds_since_change", None)  # changes every tick; not worth an fsync
-        return {"throttle": throttle, "breakers": breakers}
-
-    def _save(self, state: dict[str, Any]) -> None:
-        text = json.dumps(state, sort_keys=True)
+        doc = {"throttle": state.get("throttle"), "breakers": breakers}
+        # Seconds left shrink every tick: compare whole seconds, so an unchanged breaker is not rewritten.
+        text = json.dumps({**doc, "breakers": {s: [round(v[0]), v[1]] for s, v in breakers.items()}})
         if text != self._persisted:
-            self.store.put(self._key, state)
+            self.store.put(self._key, doc)
             self._persisted = text
 
     async def persist(self) -> None:
         """Save the throttle and breaker state when it changed, so that a restart keeps it."""
-        mono, wall = self.monotonic(), self.clock()
-        self._save(await self.server.call(lambda: self._state(mono, wall)))
+        self._save(await self._request("state"))
+
+    async def apply(self, config: GatewayConfig) -> None:
+        """A reloaded config (same listen address, target, upstream): limits, priorities, sessions, bodies."""
+        await self._request("apply", {"config": encode(config)})
+        self.config = config
+        self.breaker_default = config.sessions.breaker_duration
 
     async def status_json(self) -> dict[str, Any]:
-        """GET /api/v1/gateway."""
-        gate = (
-            self.server.gate
-        )  # read live on the gateway's loop: the last tick's snapshot may be a second old
-        throttle, breakers, limit, draining = await self.server.call(
-            lambda: (self.server.throttle.state(), gate.breakers(), gate.limit, gate.draining)
-        )
-        mono = self.monotonic()
+        """GET /api/v1/gateway: read live from the gateway (the last tick's snapshot may be a second old)."""
+        status = await self._request("status")
         return {
             "target": self.target,
             "listen": self.listen,
-            "upstream": self.server.config.upstream,
-            "limit": limit,
-            "ceiling": self.server.config.max_in_flight,
-            "in_flight": self.in_flight(),
-            "draining": draining,
-            "throttle": throttle,
-            "breakers": {
-                s: {"seconds_left": round(until - mono, 3), "reason": reason}
-                for s, (until, reason) in breakers.items()
-            },
+            "upstream": self.config.upstream,
+            "pid": status.get("pid"),
+            "reachable": self.reachable,
+            "restarts": self.restarts,
+            "limit": status["limit"],
+            "ceiling": self.config.max_in_flight,
+            "in_flight": status["in_flight"],
+            "draining": status["draining"],
+            "throttle": status["throttle"],
+            "breakers": status["breakers"],
         }
 
     async def aclose(self, grace: float) -> None:
         """Stop the gateway: no new connections, in-flight requests get `grace` seconds."""
         self.store.on_drain = None
         await self._background.wait(grace)
-        await asyncio.to_thread(self.server.stop, grace)
+        await self.link.stop(grace)

@@ -1,0 +1,9 @@
+"""`python -m vllm_watchdog.gateway`: the gateway process (started by the daemon, systemd or compose)."""
+
+from __future__ import annotations
+
+import sys
+
+from .process import main
+
+sys.exit(main())

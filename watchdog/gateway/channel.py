@@ -1,0 +1,194 @@
+"""The control channel between the daemon and the gateway process: JSON lines over a Unix socket.
+
+Authenticated by the kernel: the socket lives in a directory only our user can enter, the socket itself is
+0600, and every connection's peer credentials (SO_PEERCRED) must be our own uid or root. One request and one
+answer per line: `{"id": 1, "op": "tick", "args": {...}}` -> `{"id": 1, "ok": true, "result": ...}`. Every
+read is bounded in size and time, and a handful of connections at most are served at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+MAX_REQUEST = 1024 * 1024  # a config is a few kB; the cap only stops a runaway peer
+MAX_ANSWER = 64 * 1024 * 1024  # snapshots carry the top-K sessions only, but leave room
+MAX_CONNECTIONS = 8
+IDLE_TIMEOUT = 300.0  # a silent control connection is closed (the daemon speaks every second)
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class ChannelError(Exception):
+    """The gateway did not answer (gone, not started, too slow) or answered garbage."""
+
+
+class CommandRefused(Exception):
+    """The gateway answered, and refused the command (its message says why)."""
+
+
+def default_socket_path(state_dir: str | None, target: str) -> str:
+    """Where the control socket lives when the config does not say: the runtime directory systemd gives us
+    (or /tmp), in a directory of our own, named by the state directory and target so that two watchdogs on
+    one host never meet. Short, because a Unix socket path is limited to 107 bytes."""
+    base = (
+        os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    )
+    key = hashlib.sha256(f"{os.path.abspath(state_dir or '')}\0{target}".encode()).hexdigest()[:12]
+    return os.path.join(base, f"vllm-watchdog-{os.getuid()}", f"gateway-{key}.sock")
+
+
+def _private_dir(path: str) -> None:
+    """Create the socket's directory 0700; one that is not ours is refused, one of ours is made private."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise OSError(f"control socket directory {directory} is not a directory of ours")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+
+
+def _peer_allowed(sock: socket.socket | None) -> bool:
+    if sock is None or sock.family != socket.AF_UNIX:
+        return False
+    try:
+        _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    except OSError:
+        return False
+    return uid in (os.getuid(), 0)
+
+
+Handler = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
+
+
+class ControlServer:
+    """The gateway's side: serves commands from the daemon on a Unix socket."""
+
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.path = path
+        self._handler = handler
+        self._server: asyncio.AbstractServer | None = None
+        self._open = 0
+
+    async def start(self) -> None:
+        """Bind the socket (replacing a stale one) and serve; OSError if it cannot."""
+        _private_dir(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_REQUEST)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+
+    async def close(self) -> None:
+        """Stop serving and remove the socket if it is still ours."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS or not _peer_allowed(writer.get_extra_info("socket")):
+            writer.close()
+            return
+        self._open += 1
+        try:
+            while True:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+                except (asyncio.TimeoutError, ValueError, ConnectionError):  # ValueError: a line over the cap
+                    return
+                if not line:
+                    return
+                writer.write(await self._answer(line))
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            self._open -= 1
+            writer.close()
+
+    async def _answer(self, line: bytes) -> bytes:
+        ident: object = None
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+            ident, op, args = request.get("id"), request.get("op"), request.get("args", {})
+            if not isinstance(op, str) or not isinstance(args, dict):
+                raise ValueError("op must be a string and args an object")
+            answer = {"id": ident, "ok": True, "result": await self._handler(op, args)}
+        except (ValueError, TypeError, RecursionError) as exc:
+            answer = {"id": ident, "ok": False, "error": str(exc)[:1024]}
+        return json.dumps(answer, separators=(",", ":")).encode() + b"\n"
+
+
+class ControlClient:
+    """The daemon's side: one connection, re-opened when lost; one command at a time."""
+
+    def __init__(self, path: str, *, timeout: float = 5.0) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+        self._next = 0
+
+    async def request(
+        self, op: str, args: Mapping[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Send one command and return its result; ChannelError if the gateway cannot be reached in time,
+        CommandRefused if it answered with an error."""
+        async with self._lock:
+            try:
+                return await asyncio.wait_for(self._exchange(op, args or {}), timeout or self.timeout)
+            except CommandRefused:
+                raise
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                self._drop()
+                raise ChannelError(f"gateway control {op}: {type(exc).__name__}: {exc}") from None
+
+    async def _exchange(self, op: str, args: Mapping[str, Any]) -> Any:
+        if self._streams is None:
+            self._streams = await asyncio.open_unix_connection(self.path, limit=MAX_ANSWER)
+        reader, writer = self._streams
+        self._next += 1
+        ident = self._next
+        writer.write(
+            json.dumps({"id": ident, "op": op, "args": args}, separators=(",", ":")).encode() + b"\n"
+        )
+        await writer.drain()
+        line = await reader.readline()
+        if not line:
+            raise ConnectionResetError("the gateway closed the control connection")
+        answer = json.loads(line)
+        if not isinstance(answer, dict) or answer.get("id") != ident:
+            raise ValueError("an answer that does not match the request")
+        if not answer.get("ok"):
+            raise CommandRefused(str(answer.get("error", "refused")))
+        return answer.get("result")
+
+    def _drop(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        async with self._lock:
+            self._drop()

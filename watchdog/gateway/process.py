@@ -1,0 +1,284 @@
+"""The gateway as a process of its own: its main loop, and the daemon's supervisor that starts and adopts it.
+
+The gateway carries inference traffic, so nothing the daemon does may slow or stop it: a busy rule evaluation,
+a pathological API request, a SIGSTOP or a kill -9 of the daemon. It therefore runs in its own process
+(`python -m vllm_watchdog.gateway`), keeps its last limits when the daemon is gone, and lifts drains and
+throttle holds once the daemon has been silent past `gateway.control_lease`. The daemon starts it (or, with
+`gateway.supervise: false`, finds one that systemd or compose runs), adopts a running one after its own
+restart without dropping a stream, and starts a new one if it dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import logs
+from ..errors import ConfigError
+from ..sdnotify import Notifier
+from .channel import ChannelError, ControlClient, ControlServer, default_socket_path
+from .codec import decode, encode
+from .commands import CommandError, GatewayCommands
+from .config import GatewayConfig
+from .server import GatewayServer
+
+log = logging.getLogger(__name__)
+START_TIMEOUT = 60.0  # a new gateway process must answer on its control socket within this
+STOP_GRACE = 5.0  # in-flight requests get this long when the gateway is stopped on purpose
+EXIT_CANNOT_LISTEN = 3
+LEASE_CHECK = 1.0
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """Everything a gateway process needs: its config, control socket and lease (sent as JSON on stdin)."""
+
+    gateway: GatewayConfig
+    control_socket: str
+    control_lease: float
+
+
+# -- the gateway process ---------------------------------------------------------------------------------
+
+
+def serve(spec: GatewaySpec, env: Mapping[str, str] | None = None) -> int:
+    """Run the gateway until SIGTERM/SIGINT; the exit code says why it ended."""
+    server = GatewayServer(spec.gateway)
+    try:
+        server.start()
+    except OSError as exc:
+        log.error("gateway cannot listen", extra={"error": str(exc)})
+        return EXIT_CANNOT_LISTEN
+    try:
+        return asyncio.run(_control(server, spec, Notifier(os.environ if env is None else env)))
+    finally:
+        server.stop(STOP_GRACE)
+
+
+async def _control(server: GatewayServer, spec: GatewaySpec, notifier: Notifier) -> int:
+    commands = GatewayCommands(server, lease=spec.control_lease)
+
+    async def handle(op: str, args: Mapping[str, Any]) -> Any:
+        try:
+            return await server.call(lambda: commands.run(op, args))
+        except CommandError as exc:
+            raise ValueError(str(exc)) from None
+
+    control = ControlServer(spec.control_socket, handle)
+    await control.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "gateway serving",
+        extra={"target": spec.gateway.target, "listen": server.url, "control": spec.control_socket},
+    )
+    notifier.ready()
+    try:
+        while not stop.is_set() and server.running:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), LEASE_CHECK)
+            if server.running:
+                await server.call(commands.check_lease)
+            notifier.ping()
+    finally:
+        notifier.stopping()
+        await control.close()
+    return 0 if stop.is_set() else 1
+
+
+def spec_for(gateway: GatewayConfig, state_dir: str | None) -> GatewaySpec:
+    """The spec of the gateway a config describes (the same whoever starts it: daemon, systemd, compose)."""
+    socket_path = gateway.control_socket or default_socket_path(state_dir, gateway.target)
+    return GatewaySpec(gateway, socket_path, gateway.control_lease)
+
+
+def process_link(gateway: GatewayConfig, state_dir: str | None) -> GatewayProcess:
+    """The daemon's link to the gateway process a config describes."""
+    return GatewayProcess(spec_for(gateway, state_dir), supervise=gateway.supervise)
+
+
+def _spec_from_config(path: str | None) -> GatewaySpec:
+    from ..config import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
+    from ..redact import config_secrets  # noqa: PLC0415
+
+    config = load_config(path, os.environ)
+    if config.gateway is None:
+        raise ValueError(f"{config.source}: no `gateway:` section")
+    logs.use_secrets(config_secrets(config))
+    return spec_for(config.gateway, config.state_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vllm_watchdog.gateway [--config FILE | --spec-stdin] [--log-level L]`.
+
+    With --config (systemd or compose run it) the `gateway:` section of that file; with --spec-stdin (the
+    daemon starts it) a GatewaySpec as JSON on stdin."""
+    args = sys.argv[1:] if argv is None else argv
+    level = args[args.index("--log-level") + 1] if "--log-level" in args[:-1] else "info"
+    logs.setup(level)
+    try:
+        if "--spec-stdin" in args:
+            spec = decode(GatewaySpec, json.loads(sys.stdin.read(1024 * 1024)))
+        else:
+            spec = _spec_from_config(args[args.index("--config") + 1] if "--config" in args[:-1] else None)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"vllm-watchdog gateway: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    return serve(spec)
+
+
+# -- the daemon's side -----------------------------------------------------------------------------------
+
+
+class GatewayProcess:
+    """Starts the gateway process, or adopts one that already answers; starts a new one when it died."""
+
+    def __init__(
+        self,
+        spec: GatewaySpec,
+        *,
+        supervise: bool = True,
+        python: str = sys.executable,
+        log_level: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self.supervise = supervise
+        self.client = ControlClient(spec.control_socket)
+        self._python = python
+        self._log_level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        self._monotonic = monotonic
+        self._child: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+        self.starts = 0  # processes this daemon started (the first one included)
+
+    async def attach(self) -> dict[str, Any]:
+        """Reach the gateway: adopt a running one, else start one (supervised); returns its hello.
+        OSError if it cannot be started or cannot listen."""
+        with contextlib.suppress(ChannelError):
+            return await self._hello()
+        if not self.supervise:
+            deadline = self._monotonic() + START_TIMEOUT
+            while True:  # systemd or compose starts it; wait for it, bounded
+                await asyncio.sleep(0.2)
+                with contextlib.suppress(ChannelError):
+                    return await self._hello()
+                if self._monotonic() > deadline:
+                    raise OSError(f"no gateway answers on {self.spec.control_socket}")
+        return await self._start()
+
+    async def _hello(self) -> dict[str, Any]:
+        hello = await self.client.request("hello", timeout=2.0)
+        if not isinstance(hello, dict):
+            raise ChannelError("bad hello")
+        if hello.get("target") != self.spec.gateway.target:
+            raise OSError(
+                f"the gateway on {self.spec.control_socket} serves {hello.get('target')!r}, "
+                f"not {self.spec.gateway.target!r}"
+            )
+        pid = hello.get("pid")
+        self.pid = pid if isinstance(pid, int) else self.pid
+        return hello
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the process and hand it its spec; systemd's variables stay ours (not the main process)."""
+        drop = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+        child = subprocess.Popen(
+            [self._python, "-m", "vllm_watchdog.gateway", "--spec-stdin", "--log-level", self._log_level],
+            stdin=subprocess.PIPE,
+            env={k: v for k, v in os.environ.items() if k not in drop},
+            start_new_session=True,  # a Ctrl-C or a kill of the daemon's group does not reach the data plane
+        )
+        self._child, self.pid = child, child.pid
+        self.starts += 1
+        assert child.stdin is not None
+        child.stdin.write(json.dumps(encode(self.spec)).encode())
+        child.stdin.close()
+        return child
+
+    async def _start(self) -> dict[str, Any]:
+        child = self._spawn()
+        deadline = self._monotonic() + START_TIMEOUT
+        while True:
+            await asyncio.sleep(0.05)
+            code = child.poll()
+            if code is not None:
+                self._child = None
+                target = self.spec.gateway
+                if code == EXIT_CANNOT_LISTEN:
+                    raise OSError(f"gateway cannot listen on {target.listen_host}:{target.listen_port}")
+                raise OSError(f"the gateway process exited with code {code} during start-up")
+            with contextlib.suppress(ChannelError):
+                return await self._hello()
+            if self._monotonic() > deadline:
+                self._kill(child)
+                raise OSError(f"the gateway process did not answer within {START_TIMEOUT:.0f} s")
+
+    def alive(self) -> bool:
+        """Whether the gateway process (ours or adopted) still exists."""
+        if self._child is not None:
+            return self._child.poll() is None
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    async def request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
+        """One command to the gateway (ChannelError if it cannot be reached, CommandRefused if refused)."""
+        return await self.client.request(op, args)
+
+    async def revive(self) -> dict[str, Any] | None:
+        """After a failed command: start a new gateway if the old one is gone (supervised); its hello, or
+        None if the old one still lives (slow, not dead) or another supervisor owns it."""
+        if self.alive() or not self.supervise:
+            return None
+        log.error(
+            "the gateway process is gone: starting a new one", extra={"target": self.spec.gateway.target}
+        )
+        self._child = None
+        return await self._start()
+
+    async def stop(self, grace: float) -> None:
+        """Stop the gateway process (supervised only): in-flight requests get `grace` seconds."""
+        await self.client.aclose()
+        if not self.supervise or self.pid is None or not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = self._monotonic() + grace + STOP_GRACE + 5.0
+        while self.alive() and self._monotonic() < deadline:  # noqa: ASYNC110 - an adopted pid has no event
+            await asyncio.sleep(0.05)
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        if self._child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._child.wait(1.0)
+            self._child = None
+
+    @staticmethod
+    def _kill(child: subprocess.Popen[bytes]) -> None:
+        child.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(5.0)
