@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from vllm_watchdog.config import DEFAULTS_NAME, load_config, parse_config
 from vllm_watchdog.errors import ConfigError
+from vllm_watchdog.redact import config_secrets
 
 FULL = """
 global:
@@ -117,3 +123,137 @@ def test_embedded_defaults_watch_local_vllm_with_canary() -> None:
 def test_non_loopback_listen_is_detected() -> None:
     assert not parse_config("listen: 0.0.0.0:9460\n", "c.yml", env={}).listens_on_loopback
     assert parse_config("listen: '[::1]:9460'\n", "c.yml", env={}).listens_on_loopback
+
+
+def check(cfg: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`vllm-watchdog check` as a process, bounded in time and memory: a hang or a read of /dev/zero fails."""
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_watchdog", "check", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        preexec_fn=bounded,
+    )
+
+
+def test_check_refuses_fifos_devices_and_proc_files_at_once(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "inc.yml")
+    os.mkfifo(tmp_path / "fifo.rules.yml")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        "targets: [{name: a, url: 'http://127.0.0.1:8000'}]\n"
+        "include: [inc.yml]\n"
+        "rule_files: [fifo.rules.yml, '/dev/zer*', /proc/self/environ]\n"
+    )
+    start = time.monotonic()
+    out = check(cfg)
+    assert time.monotonic() - start < 30
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines() == [
+        "/dev/zero:1: (file): cannot read: not a regular file but a character device",
+        "/proc/self/environ:1: (file): cannot read: not a regular file but a kernel pseudo-file",
+        f"{cfg}:2: include[0]: cannot read included file {tmp_path}/inc.yml (not a regular file but a FIFO)",
+        f"{tmp_path}/fifo.rules.yml:1: (file): cannot read: not a regular file but a FIFO",
+    ]
+
+
+def test_check_of_a_fifo_config_does_not_hang(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "c.yml")
+    out = check(tmp_path / "c.yml")
+    assert out.returncode == 1
+    assert out.stderr == f"{tmp_path}/c.yml:1: (file): cannot read: not a regular file but a FIFO\n"
+
+
+SECRET_ENV = {
+    "URL_PASS": "url-password-9c1f",
+    "API_TOKEN": "api-token-value-77aa",
+    "SCRAPE_SECRET": "scrape-secret-5e5e",
+    "WEBHOOK_KEY": "webhook-key-value-31",
+}
+LEAKY = """\
+api_token: ${API_TOKEN}
+targets:
+  - name: a
+    url: http://user:${URL_PASS}@127.0.0.1:notaport
+global:
+  scrape_interval: ${SCRAPE_SECRET}
+  sample_limit: ${API_TOKEN}
+notifiers:
+  - type: webhook
+    url: http://127.0.0.1:9/hook
+    headers: {X-Api-Key: "${WEBHOOK_KEY}"}
+    send_resolved: ${WEBHOOK_KEY}
+"""
+
+
+def test_check_masks_substituted_secrets_and_url_passwords(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(LEAKY)
+    out = check(cfg, SECRET_ENV)
+    assert out.returncode == 1
+    for value in SECRET_ENV.values():
+        assert value not in out.stderr + out.stdout
+    lines = out.stderr.splitlines()
+    assert (
+        f"{cfg}:4: targets[0].url: must be an http(s) URL, got 'http://user:<redacted>@127.0.0.1:notaport'"
+        in lines
+    )
+    assert any(
+        line.startswith(f"{cfg}:6: global.scrape_interval: not a valid duration string: '<redacted>'")
+        for line in lines
+    )
+    assert f"{cfg}:7: global.sample_limit: must be an integer, got '<redacted>'" in lines
+    assert any(
+        line.startswith(f"{cfg}:12: notifiers[0].send_resolved: ") and "<redacted>" in line for line in lines
+    )
+
+
+def test_secrets_substituted_from_the_environment_are_the_logs_secrets_too() -> None:
+    cfg = parse_config(
+        "api_token: ${TOKEN}\ntargets: [{name: a, url: 'http://127.0.0.1:1', env: {HF_TOKEN: '${HF}'}}]\n"
+        "notifiers: [{type: webhook, url: 'http://127.0.0.1:9/${PATH_PART}', headers: {X-Trace: '${MY_SECRET}'}}]\n",
+        "c.yml",
+        env={"TOKEN": "t" * 12, "HF": "h" * 12, "PATH_PART": "not-a-secret-path", "MY_SECRET": "m" * 12},
+    )
+    secrets = set(config_secrets(cfg))
+    assert {"t" * 12, "h" * 12, "m" * 12} <= secrets  # secret field, secret field, secret-named variable
+    assert "not-a-secret-path" not in secrets
+
+
+def test_a_bundled_rule_file_cannot_leave_the_bundled_folder(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("rule_files: ['bundled:../../../../../../../etc/passwd', 'bundled:/etc/hostname']\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(cfg), env={})
+    assert [str(p) for p in info.value.problems] == [
+        f"{cfg}:1: rule_files[0]: a bundled name must stay inside the bundled folder",
+        f"{cfg}:1: rule_files[1]: a bundled name must stay inside the bundled folder",
+    ]
+    assert info.value.rule_files == ()
+
+
+def test_an_unknown_key_is_named_only_when_it_looks_like_one() -> None:
+    huge = "k" * (256 << 10)
+    text = f"bogus_key: 1\n? '{huge}'\n: 1\n'a b $x': 2\nglobal:\n  ? {huge}\n  : 1\n"  # `?`: a long key
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yml", env={})
+    got = [str(p) for p in info.value.problems]
+    assert got[0].startswith("c.yml:1: bogus_key: unknown key (allowed: ")
+    assert got[1].startswith("c.yml:2: (root): unknown field at line 2 (allowed: ")
+    assert got[2].startswith("c.yml:4: (root): unknown field at line 4 (allowed: ")
+    assert got[3].startswith("c.yml:6: global: unknown field at line 6 (allowed: ")
+    assert all(len(p) < 400 for p in got)
+
+
+def test_quoted_values_are_clipped() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"global: {{sample_limit: '{'9x' * 100_000}'}}\n", "c.yml", env={})
+    (problem,) = info.value.problems
+    assert problem.message.startswith("must be an integer, got '9x9x")
+    assert problem.message.endswith("…(200000 characters)")
+    assert len(problem.message) < 200

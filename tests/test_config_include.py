@@ -136,7 +136,7 @@ def test_embedded_defaults_include_the_bundled_file() -> None:
 def test_a_missing_file_is_named_at_the_include_line(tmp_path: Path) -> None:
     main = write(tmp_path / "w.yml", TARGET + "include:\n  - nothere.yml\n  - bundled:nothing.yml\n")
     got = problems(main)
-    assert got[0].startswith(f"{main}:3: include[0]: cannot read included file {tmp_path}/nothere.yml: ")
+    assert got[0].startswith(f"{main}:3: include[0]: cannot read included file {tmp_path}/nothere.yml (")
     assert got[1].startswith(
         f"{main}:4: include[1]: cannot read included file {bundled_rules_dir()}/nothing.yml"
     )
@@ -200,3 +200,75 @@ def test_include_must_be_a_list_of_strings(tmp_path: Path) -> None:
     assert problems(main) == [f"{main}:2: include: must be a list"]
     write(main, TARGET + "include: ['']\n")
     assert problems(main) == [f"{main}:2: include[0]: must not be empty"]
+
+
+SHADOW = (
+    "root:$6$saltsalt$SECRETHASHroot0123456789abcdefABCDEF:19000:0:99999:7:::\n"
+    "daemon:*:19000:0:99999:7:::\n"
+    "svc:$y$j9T$SECRETHASHsvc/9876543210zyxw:19500:0:99999:7:::\n"
+    "password: SECRETPLAIN-value-1234567890\n"
+)
+
+
+def test_an_include_symlinked_to_a_password_file_is_reported_without_its_lines(tmp_path: Path) -> None:
+    shadow = write(tmp_path / "etc" / "shadow", SHADOW)
+    (tmp_path / "inc.yml").symlink_to(shadow)
+    main = write(tmp_path / "w.yml", TARGET + "include: [inc.yml]\n")
+    got = problems(main)
+    assert all("SECRET" not in p and "$6$" not in p and "19000" not in p for p in got), got
+    inc = f"{tmp_path}/inc.yml"
+    assert f"{inc}:1: <field at line 1>: an included file holds only actions, routes, notifiers" in got
+    assert f"{inc}:3: <field at line 3>: an included file holds only actions, routes, notifiers" in got
+    assert f"{inc}:4: password: an included file holds only actions, routes, notifiers" in got
+
+
+def test_a_main_config_that_is_a_password_file_is_reported_without_its_lines(tmp_path: Path) -> None:
+    main = write(tmp_path / "w.yml", SHADOW)
+    got = problems(main)
+    assert all("SECRET" not in p and "$6$" not in p for p in got), got
+    assert got[0].startswith(f"{main}:1: (root): unknown field at line 1 (allowed: actions, api_token,")
+    assert got[-1].startswith(f"{main}:4: password: unknown key (allowed: ")
+
+
+def test_a_binary_include_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    (tmp_path / "blob.yml").write_bytes(b"\x7fELF\x02\x01SECRETBYTES\xff\xfe\x00")
+    (tmp_path / "ctl.yml").write_bytes(b"SECRETKEY\x00\x01: SECRETVALUE\n")  # UTF-8, but not YAML text
+    main = write(tmp_path / "w.yml", TARGET + "include: [blob.yml, ctl.yml]\n")
+    assert problems(main) == [
+        f"{tmp_path}/ctl.yml:1: (yaml): unacceptable character #x0000",
+        f"{main}:2: include[0]: cannot read included file {tmp_path}/blob.yml (not UTF-8 text at byte 17)",
+    ]
+
+
+def test_yaml_syntax_errors_do_not_quote_names_from_the_file(tmp_path: Path) -> None:
+    write(tmp_path / "alias.yml", "actions: *SECRETALIAS\n")
+    main = write(tmp_path / "w.yml", TARGET + "include: [alias.yml]\n")
+    got = problems(main)
+    assert got == [f"{tmp_path}/alias.yml:1: (yaml): found undefined alias '…'"]
+
+
+def test_bundled_cannot_leave_the_bundled_folder(tmp_path: Path) -> None:
+    main = write(
+        tmp_path / "w.yml",
+        TARGET + "include: ['bundled:../../../../../../../../etc/passwd', 'bundled:/etc/passwd']\n",
+    )
+    got = problems(main)
+    assert len(got) == 2, got
+    for i, p in enumerate(got):
+        assert p.startswith(f"{main}:2: include[{i}]: cannot read included file bundled:")
+        assert p.endswith("passwd (a bundled name must stay inside the bundled folder)")
+
+
+def test_a_fifo_or_a_device_include_is_refused_at_once(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "fifo.yml")
+    (tmp_path / "zero.yml").symlink_to("/dev/zero")
+    main = write(tmp_path / "w.yml", TARGET + "include: [fifo.yml, zero.yml, /proc/self/environ]\n")
+    assert problems(main) == [
+        f"{main}:2: include[0]: cannot read included file {tmp_path}/fifo.yml (not a regular file but a FIFO)",
+        f"{main}:2: include[1]: cannot read included file {tmp_path}/zero.yml "
+        "(not a regular file but a character device)",
+        f"{main}:2: include[2]: cannot read included file /proc/self/environ "
+        "(not a regular file but a kernel pseudo-file)",
+    ]

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config import bundled_rules_dir
+from vllm_watchdog.config import bundled_rules_dir, load_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.rulefiles import load_rule_files, parse_rule_file, store_needs
 
@@ -125,3 +126,20 @@ def test_bad_expression_names_its_position() -> None:
     with pytest.raises(ConfigError) as info:
         parse_rule_file("groups: [{name: g, rules: [{alert: A, expr: 'rate(x[5m]) +'}]}]", "r.yml")
     assert "position 13" in str(info.value)
+
+
+def test_a_glob_hitting_devices_and_fifos_reports_them_unread(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a.rules.yml")
+    (tmp_path / "b.rules.yml").symlink_to("/dev/zero")
+    (tmp_path / "c.rules.yml").write_text(GOOD)
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("rule_files: ['*.rules.yml', '/dev/zer*']\n")
+    paths = load_config(str(cfg), env={}).rule_files
+    assert paths == (*(str(tmp_path / f"{x}.rules.yml") for x in "abc"), "/dev/zero")
+    with pytest.raises(ConfigError) as info:
+        load_rule_files(paths)
+    assert [str(p) for p in info.value.problems] == [
+        "/dev/zero:1: (file): cannot read: not a regular file but a character device",
+        f"{tmp_path}/a.rules.yml:1: (file): cannot read: not a regular file but a FIFO",
+        f"{tmp_path}/b.rules.yml:1: (file): cannot read: not a regular file but a character device",
+    ]

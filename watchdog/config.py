@@ -7,17 +7,19 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from .actionconfig import ActionConfig, NotifierConfig, RouteConfig
+from .configfiles import UnreadableFileError, read_text, resolve_bundled
 from .durations import parse_duration, parse_size
 from .errors import ConfigError, Problem
 from .gateway.config import GatewayConfig, parse_gateway
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
-from .yamlnodes import Node, Problems, compose
+from .redact import Redactor
+from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -126,6 +128,8 @@ class Config:
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
     gateway: GatewayConfig | None = None  # None: no admission gateway
+    # Values substituted from the environment into secret fields or from secret-named variables.
+    env_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -171,15 +175,20 @@ def _rule_files(node: Node, base: Path) -> tuple[str, ...]:
         if pattern is None:
             continue
         if pattern.startswith(BUNDLED_PREFIX):
-            path = bundled_rules_dir() / pattern[len(BUNDLED_PREFIX) :]
+            name = pattern[len(BUNDLED_PREFIX) :]
+            try:
+                path = resolve_bundled(name, bundled_rules_dir())
+            except UnreadableFileError as exc:
+                item.error(str(exc))
+                continue
             if not path.is_file():
-                item.error(f"no bundled rule file {pattern[len(BUNDLED_PREFIX) :]!r}")
+                item.error(f"no bundled rule file {shown_value(name)}")
             out.append(str(path))
             continue
         full = pattern if os.path.isabs(pattern) else str(base / pattern)
-        if glob.has_magic(full):
+        if glob.has_magic(full):  # every match is read by read_text, which refuses FIFOs and devices
             out.extend(sorted(glob.glob(full)))
-        elif not os.path.isfile(full):
+        elif not os.path.lexists(full):
             item.error(f"rule file {full} does not exist")
         else:
             out.append(full)
@@ -381,7 +390,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         raise ConfigError(problems.items)
     top = Node(root, "", problems, env).mapping(TOP_LEVEL_KEYS)
     if top is None:
-        raise ConfigError(problems.items)
+        raise ConfigError(_masked(problems))
     base = Path(source).parent if source != DEFAULTS_NAME else bundled_rules_dir()
     listen = top["listen"].parsed(parse_listen) if "listen" in top else None
     targets: list[TargetConfig] = []
@@ -395,6 +404,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
     actions, routes, notifiers = merge_remediation(top, parts, _http_url)
     for part in parts:
         problems.items.extend(part.problems.items)
+        problems.secrets.extend(part.problems.secrets)
     gateway = (
         parse_gateway(
             top["gateway"], {t.name: t.url for t in targets}, parse_listen, listen or ("127.0.0.1", 9460)
@@ -418,10 +428,17 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         notifiers=notifiers,
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
         gateway=gateway,
+        env_secrets=tuple(problems.secrets),
     )
     if problems.items:
-        raise ConfigError(problems.items, rule_files=cfg.rule_files)
+        raise ConfigError(_masked(problems), rule_files=cfg.rule_files)
     return cfg
+
+
+def _masked(problems: Problems) -> list[Problem]:
+    """The problems with secrets masked as the log masks them, so `check`, the log and /-/reload agree."""
+    red = Redactor.of(problems.secrets)
+    return [replace(p, field=red.text(p.field), message=red.text(p.message)) for p in problems.items]
 
 
 def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Config:
@@ -430,7 +447,7 @@ def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Confi
         text = resources.files("vllm_watchdog").joinpath("defaults/config.yml").read_text()
         return parse_config(text, DEFAULTS_NAME, env)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem(path, 1, "(file)", f"cannot read: {exc}")]) from exc
+        text = read_text(path)
+    except UnreadableFileError as exc:
+        raise ConfigError([Problem(path, 1, "(file)", f"cannot read: {exc}")]) from None
     return parse_config(text, path, env)

@@ -2,9 +2,10 @@
 
 An included file holds only `actions:`, `routes:` and `notifiers:`; it cannot include further files, so there
 are no cycles. Paths are relative to the including file, or `bundled:NAME` for a file shipped with the
-package. Merge order: the including file's own actions override included ones of the same name; its own routes
-come first, then each included file's routes in order; notifiers are appended likewise. Every problem names
-the file it is in and its line.
+package, which must stay inside the bundled folder; every file is read by `configfiles.read_text`. Merge
+order: the including file's own actions override included ones of the same name; its own routes come first,
+then each included file's routes in order; notifiers are appended likewise. Every problem names the file it
+is in and its line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .actionconfig import (
     parse_notifier,
     parse_route,
 )
+from .configfiles import UnreadableFileError, read_text, resolve_bundled
 from .yamlnodes import Node, Problems, compose
 
 BUNDLED_PREFIX = "bundled:"
@@ -43,21 +45,21 @@ def read_includes(node: Node, base: Path, bundled: Path, env: Mapping[str, str] 
         spec = item.string()
         if spec is None:
             continue
-        if spec.startswith(BUNDLED_PREFIX):
-            path = bundled / spec[len(BUNDLED_PREFIX) :]
-        else:
-            path = Path(spec).expanduser()
-            path = path if path.is_absolute() else base / path
-        key = path.resolve()
-        if key in seen:
-            item.error(f"{spec} is already included (line {seen[key]})")
-            continue
-        seen[key] = item.line
+        path = Path(spec)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            item.error(f"cannot read included file {path}: {reason}")
+            if spec.startswith(BUNDLED_PREFIX):
+                path = resolve_bundled(spec[len(BUNDLED_PREFIX) :], bundled)
+            else:
+                path = Path(spec).expanduser()
+                path = path if path.is_absolute() else base / path
+            key = path.resolve()
+            if key in seen:
+                item.error(f"{spec} is already included (line {seen[key]})")
+                continue
+            seen[key] = item.line
+            text = read_text(path)
+        except UnreadableFileError as exc:
+            item.error(f"cannot read included file {path} ({exc})")
             continue
         parts.append(_part(text, str(path), env))
     return parts

@@ -176,7 +176,7 @@ def _argv_values(args: Sequence[str]) -> list[str]:
 
 def config_secrets(config: Config) -> tuple[str, ...]:
     """Every secret value the config holds, for `Redactor.of`."""
-    values: list[str] = []
+    values: list[str] = list(config.env_secrets)
     if config.api_token:
         values.append(config.api_token)
     for t in config.targets:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import promql_parser
 
+from .configfiles import UnreadableFileError, read_text
 from .durations import parse_duration
 from .errors import ConfigError, Problem
 from .promql.compile import compile_expr
@@ -163,9 +163,8 @@ def load_rule_files(paths: Iterable[str]) -> tuple[RuleGroup, ...]:
     problems: list[Problem] = []
     for path in paths:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-            groups.extend(parse_rule_file(text, path))
-        except (OSError, UnicodeDecodeError) as exc:
+            groups.extend(parse_rule_file(read_text(path), path))
+        except UnreadableFileError as exc:
             problems.append(Problem(path, 1, "(file)", f"cannot read: {exc}"))
         except ConfigError as exc:
             problems.extend(exc.problems)

@@ -8,10 +8,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
+from .configfiles import UnreadableFileError, read_text
 from .durations import parse_duration
 from .errors import ConfigError, Problem
 from .seriesnotation import NotationError, SeriesValues, parse_metric, parse_series, parse_values
@@ -293,7 +293,7 @@ def parse_test_file(text: str, path: str) -> TestFile:
 def load_test_file(path: str) -> TestFile:
     """Read and parse one unit-test file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except UnreadableFileError as exc:
         raise ConfigError([Problem(path, 1, "(file)", f"cannot read: {exc}")]) from None
     return parse_test_file(text, path)

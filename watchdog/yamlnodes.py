@@ -1,4 +1,9 @@
-"""Reading YAML with line numbers: typed field access that collects file:line problems."""
+"""Reading YAML with line numbers: typed field access that collects file:line problems.
+
+A problem never quotes what a file that is not a config holds (an include symlinked to a password file
+would otherwise have its lines echoed as field names): a key is named only when it looks like a field name
+(`shown_key`), a quoted value is clipped (`shown_value`), and so are the names in YAML syntax errors.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,30 @@ from typing import TypeVar
 import yaml
 
 from .errors import Problem
+from .redact import is_secret_name
 
 T = TypeVar("T")
 MAX_DEPTH = 100  # nesting deeper than this is refused: PyYAML composes recursively (RecursionError otherwise)
 _ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SHOWN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_SHOWN_VALUE = 64  # characters of a value quoted in a problem
+_YAML_QUOTED = re.compile(r"'(?!<)[^']{3,}'|\"[^\"]{3,}\"")  # PyYAML quotes aliases and tags from the text
+
+
+def shown_key(key: str) -> bool:
+    """Whether a key may be named in a problem: short and shaped like a field name, not like file contents."""
+    return _SHOWN_KEY.fullmatch(key) is not None
+
+
+def shown_value(text: str) -> str:
+    """A value quoted for a problem: its repr, clipped to a few dozen characters."""
+    if len(text) <= _SHOWN_VALUE:
+        return repr(text)
+    return repr(text[:_SHOWN_VALUE]) + f"…({len(text)} characters)"
+
+
+def _path_is_secret(path: str) -> bool:
+    return any(is_secret_name(part) for part in re.split(r"[.\[\]]+", path) if part)
 
 
 class Problems:
@@ -22,6 +47,9 @@ class Problems:
     def __init__(self, file: str) -> None:
         self.file = file
         self.items: list[Problem] = []
+        # Values substituted from the environment into a secret-named field, or from a secret-named
+        # variable: masked wherever a problem or a log line could show them (`redact.config_secrets`).
+        self.secrets: list[str] = []
 
     def add(self, node: yaml.Node | None, field: str, message: str) -> None:
         """Record a problem at the node's line (1-based)."""
@@ -48,6 +76,10 @@ class _DepthLimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+def _unquoted(message: str) -> str:
+    return _YAML_QUOTED.sub("'…'", message)
+
+
 def compose(text: str, problems: Problems) -> yaml.Node | None:
     """Parse YAML text into a node tree, recording a syntax error as a problem."""
     try:
@@ -55,12 +87,16 @@ def compose(text: str, problems: Problems) -> yaml.Node | None:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
-        message = str(exc.problem)
+        message = _unquoted(str(exc.problem))
         if exc.context and exc.context_mark is not None:
-            message += f" ({exc.context} started on line {exc.context_mark.line + 1})"
+            message += f" ({_unquoted(exc.context)} started on line {exc.context_mark.line + 1})"
         problems.items.append(Problem(problems.file, line, "(yaml)", message))
-    except yaml.YAMLError as exc:
-        problems.items.append(Problem(problems.file, 1, "(yaml)", str(exc)))
+    except yaml.reader.ReaderError as exc:  # a control character: binary data, most likely
+        line = text.count("\n", 0, exc.position) + 1
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else "byte"
+        problems.items.append(Problem(problems.file, line, "(yaml)", f"unacceptable character {what}"))
+    except yaml.YAMLError:
+        problems.items.append(Problem(problems.file, 1, "(yaml)", "not valid YAML"))
     return None
 
 
@@ -104,9 +140,11 @@ class Node:
         """Record a problem about this node."""
         self.problems.add(self.node, field or self.path or "(root)", message)
 
-    def _child_path(self, key: str | int) -> str:
+    def _child_path(self, key: str | int, line: int = 0) -> str:
         if isinstance(key, int):
             return f"{self.path}[{key}]"
+        if key and not shown_key(key):
+            key = f"<field at line {line}>"
         key = key or '""'  # an empty key still names a field
         return f"{self.path}.{key}" if self.path else key
 
@@ -118,9 +156,15 @@ class Node:
         out: dict[str, Node] = {}
         for knode, vnode in self.node.value:
             key = str(knode.value)
-            child = Node(vnode, self._child_path(key), self.problems, self.env)
+            line = int(knode.start_mark.line) + 1
+            child = Node(vnode, self._child_path(key, line), self.problems, self.env)
             if allowed is not None and key not in allowed:
-                self.problems.add(knode, child.path, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                known = ", ".join(sorted(allowed))
+                if shown_key(key) or not key:  # an empty key is named `""`
+                    self.problems.add(knode, child.path, f"unknown key (allowed: {known})")
+                else:
+                    where = self.path or "(root)"
+                    self.problems.add(knode, where, f"unknown field at line {line} (allowed: {known})")
                 continue
             if key in out:
                 self.problems.add(knode, child.path, "duplicate key")
@@ -148,11 +192,22 @@ class Node:
         if not isinstance(self.node, yaml.ScalarNode):
             self.error("must be a scalar value")
             return None
+        text = str(self.node.value)
         try:
-            return substitute_env(str(self.node.value), self.env)
+            value = substitute_env(text, self.env)
         except KeyError as exc:
             self.error(f"environment variable {exc.args[0]} is not set (use ${{VAR:-default}})")
             return None
+        if value != text:
+            self._note_secrets(text)
+        return value
+
+    def _note_secrets(self, text: str) -> None:
+        secret_field = _path_is_secret(self.path)
+        for m in _ENV.finditer(text):
+            name = m.group(1)
+            if name is not None and (secret_field or is_secret_name(name)) and self.env.get(name):
+                self.problems.secrets.append(self.env[name])
 
     def string(self) -> str | None:
         """A non-empty string."""
@@ -172,7 +227,7 @@ class Node:
             return True
         if low in ("false", "no", "off"):
             return False
-        self.error(f"must be true or false, got {text!r}")
+        self.error(f"must be true or false, got {shown_value(text)}")
         return None
 
     def integer(self, minimum: int | None = None) -> int | None:
@@ -183,7 +238,7 @@ class Node:
         try:
             value = int(text)
         except ValueError:
-            self.error(f"must be an integer, got {text!r}")
+            self.error(f"must be an integer, got {shown_value(text)}")
             return None
         if minimum is not None and value < minimum:
             self.error(f"must be >= {minimum}, got {value}")
@@ -198,7 +253,7 @@ class Node:
         try:
             return float(text)
         except ValueError:
-            self.error(f"must be a number, got {text!r}")
+            self.error(f"must be a number, got {shown_value(text)}")
             return None
 
     def parsed(self, parse: Callable[[str], T]) -> T | None:
