@@ -35,6 +35,7 @@ from vllm_server import VllmServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "systemd"
 WATCHDOG_UNIT = UNITS / "vllm-watchdog.service"
+GATEWAY_UNIT = UNITS / "vllm-watchdog-gateway.service"
 MODES = {"docker": UNITS / "modes" / "docker.conf", "process": UNITS / "modes" / "process.conf"}
 SHIPPED_BINARY = "/usr/local/bin/vllm-watchdog"
 VENV_BINARY = str(Path(sys.executable).parent / "vllm-watchdog")
@@ -107,10 +108,27 @@ def test_exec_start_runs_the_cli_with_real_flags() -> None:
     """ExecStart is the installed console script with flags the `run` command accepts."""
     unit = read_unit(WATCHDOG_UNIT)
     argv = shlex.split(last(unit, "ExecStart") or "")
-    assert argv == [SHIPPED_BINARY, "run", "--config", "/etc/vllm-watchdog/config.yml"]
+    assert argv == [SHIPPED_BINARY, "run", "--config", "/etc/vllm-watchdog/config.yml", "--external-gateway"]
     args = build_parser().parse_args(argv[1:])
-    assert (args.command, args.config) == ("run", "/etc/vllm-watchdog/config.yml")
+    assert (args.command, args.config, args.external_gateway) == (
+        "run",
+        "/etc/vllm-watchdog/config.yml",
+        True,
+    )
     assert last(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"
+
+
+def test_gateway_unit_runs_the_gateway_with_the_same_config_and_runtime_directory() -> None:
+    """The data plane is a unit of its own: same config, same /run directory for the control socket."""
+    gateway, watchdog = read_unit(GATEWAY_UNIT), read_unit(WATCHDOG_UNIT)
+    argv = shlex.split(last(gateway, "ExecStart") or "")
+    assert argv == [SHIPPED_BINARY, "gateway", "--config", "/etc/vllm-watchdog/config.yml"]
+    args = build_parser().parse_args(argv[1:])
+    assert (args.command, args.config) == ("gateway", "/etc/vllm-watchdog/config.yml")
+    for key in ("RuntimeDirectory", "RuntimeDirectoryPreserve", "User", "StateDirectory", "EnvironmentFile"):
+        assert last(gateway, key) == last(watchdog, key), key
+    assert (last(gateway, "Type"), last(gateway, "Restart")) == ("notify", "on-failure")
+    assert "vllm-watchdog-gateway.service" in (last(watchdog, "Wants", "Unit") or "")
 
 
 def test_watchdog_unit_settings() -> None:
@@ -171,9 +189,21 @@ def test_mode_dropins() -> None:
 @pytest.mark.parametrize("mode", [None, *MODES])
 def test_watchdog_unit_verifies(tmp_path: Path, mode: str | None) -> None:
     """`systemd-analyze verify` passes without a single warning, with each mode's drop-in too."""
+    installable(tmp_path, GATEWAY_UNIT)
     copy = installable(tmp_path, WATCHDOG_UNIT, MODES[mode] if mode else None)
     result = analyze("verify", "--man=no", "--generators=no", copy.name, cwd=tmp_path)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_gateway_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
+    """The gateway unit verifies without a warning and scores as well as the daemon's."""
+    copy = installable(tmp_path, GATEWAY_UNIT)
+    result = analyze("verify", "--man=no", "--generators=no", copy.name, cwd=tmp_path)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+    score, checks = exposure(copy)
+    print(f"vllm-watchdog-gateway.service exposure: {score}")
+    assert score <= EXPOSURE_LIMIT
+    assert checks["PrivateDevices="] and checks["NoNewPrivileges="]
 
 
 def test_vllm_unit_verifies(tmp_path: Path) -> None:
@@ -319,29 +349,47 @@ gateway: {{listen: 127.0.0.1:{gw}, target: vllm-0}}
 include: ["bundled:watchdog.yml"]
 """
     )
-    argv = shlex.split(last(read_unit(WATCHDOG_UNIT), "ExecStart") or "")
-    argv[0], argv[argv.index("--config") + 1] = VENV_BINARY, str(config)
-    notify = NotifySocket(state_dir.parent)
+    run_dir = state_dir.parent / "run"  # RuntimeDirectory=: the gateway's control socket
+    (run_dir / "notify").mkdir(parents=True)
+    notify, gateway_notify = NotifySocket(state_dir.parent), NotifySocket(run_dir / "notify")
     env = {  # what systemd puts into the environment of a Type=notify service with these settings
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
         "LANG": "C.UTF-8",
         "HOME": str(state_dir),
         "STATE_DIRECTORY": str(state_dir),
+        "RUNTIME_DIRECTORY": str(run_dir),
         "NOTIFY_SOCKET": str(notify.path),
         "WATCHDOG_USEC": str(WATCHDOG_USEC),
         "VLLM_WATCHDOG_TOKEN": "unit-test-token",
     }
     log = state_dir.parent / "watchdog.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            unit_sandbox().command(argv, env, state_dir), stdout=out, stderr=subprocess.STDOUT
-        )
+    procs = []
     try:
+        # vllm-watchdog-gateway.service first (the daemon's unit Wants= and is After= it): its own sandbox,
+        # with the runtime directory as its one writable place.
+        gateway_argv = _exec_start(GATEWAY_UNIT, config)
+        gateway_env = {**env, "NOTIFY_SOCKET": str(gateway_notify.path)}
+        with log.open("ab") as out:
+            gateway = subprocess.Popen(
+                unit_sandbox().command(gateway_argv, gateway_env, run_dir),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(gateway)
+        gateway_notify.wait_for("READY=1", 1, START_LIMIT, log)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                unit_sandbox().command(_exec_start(WATCHDOG_UNIT, config), env, state_dir),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(proc)
         notify.wait_for("READY=1", 1, START_LIMIT, log)
         notify.wait_for("WATCHDOG=1", 3, 10 * WATCHDOG_USEC / 1e6, log)
         base = f"http://127.0.0.1:{api}"
         _poll(lambda: httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["up"], log)
         _poll(lambda: httpx.get(base + "/healthz", timeout=5).status_code == 200, log)
+        _poll(lambda: httpx.get(base + "/api/v1/gateway", timeout=5).json()["data"]["pid"], log)
         body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
         resp = httpx.post(f"http://127.0.0.1:{gw}/v1/completions", json=body, timeout=120)
         assert resp.status_code == 200, resp.text
@@ -353,11 +401,26 @@ include: ["bundled:watchdog.yml"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, f"exit {proc.returncode}; log: {log.read_text()[-3000:]}"
         notify.wait_for("STOPPING=1", 1, 5, log)
+        # The gateway is not the daemon's child here: it outlives the daemon's stop, and stops on its own SIGTERM.
+        resp = httpx.post(f"http://127.0.0.1:{gw}/v1/completions", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(timeout=60) == 0, f"exit {gateway.returncode}; log: {log.read_text()[-3000:]}"
+        gateway_notify.wait_for("STOPPING=1", 1, 5, log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
         notify.close()
+        gateway_notify.close()
+
+
+def _exec_start(unit: Path, config: Path) -> list[str]:
+    """The unit's ExecStart with the venv's binary and our config."""
+    argv = shlex.split(last(read_unit(unit), "ExecStart") or "")
+    argv[0], argv[argv.index("--config") + 1] = VENV_BINARY, str(config)
+    return argv
 
 
 def _poll(pred: Callable[[], Any], log: Path, limit: float = 60.0) -> None:

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST = 1024 * 1024  # a config is a few kB; the cap only stops a runaway peer
 MAX_ANSWER = 64 * 1024 * 1024  # snapshots carry the top-K sessions only, but leave room
 MAX_CONNECTIONS = 8
+MAX_SOCKET_PATH = 107
 IDLE_TIMEOUT = 300.0  # a silent control connection is closed (the daemon speaks every second)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -39,12 +40,13 @@ class CommandRefused(Exception):
 def default_socket_path(state_dir: str | None, target: str) -> str:
     """Where the control socket lives when the config does not say: the runtime directory systemd gives us
     (or /tmp), in a directory of our own, named by the state directory and target so that two watchdogs on
-    one host never meet. Short, because a Unix socket path is limited to 107 bytes."""
-    base = (
-        os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    )
+    one host never meet. In /tmp when that would be too long for a Unix socket (107 bytes)."""
     key = hashlib.sha256(f"{os.path.abspath(state_dir or '')}\0{target}".encode()).hexdigest()[:12]
-    return os.path.join(base, f"vllm-watchdog-{os.getuid()}", f"gateway-{key}.sock")
+    name = os.path.join(f"vllm-watchdog-{os.getuid()}", f"gateway-{key}.sock")
+    env = os.environ
+    base = env.get("RUNTIME_DIRECTORY", "").split(":")[0] or env.get("XDG_RUNTIME_DIR") or "/tmp"
+    path = os.path.join(base, name)
+    return path if len(path.encode()) <= MAX_SOCKET_PATH else os.path.join("/tmp", name)
 
 
 def _private_dir(path: str) -> None:
