@@ -204,3 +204,46 @@ async def test_pause_silence_manual_and_inbound(plane: tuple[str, FaultServer, P
 
         run = await c.post(base + "/api/v1/actions/restart/run", json={"wait": True}, headers=AUTH)
         assert run.json()["result"]["outcome"] == "would_do"
+
+
+async def test_catastrophic_regexes_from_clients_are_answered_without_stalling(
+    plane: tuple[str, FaultServer, Path],
+) -> None:
+    """Patterns that stall a backtracking engine for hours, in a silence and in a series query (issue 13)."""
+    base, _, _ = plane
+    detail = "a" * 40  # 2^40 steps for a backtracking engine on the patterns below
+    async with httpx.AsyncClient(timeout=10) as c:
+        never = await c.post(
+            base + "/api/v1/silences",
+            json={"matchers": ['alertname="Hung"', 'detail=~"(.*.*)*Q"'], "duration": "1h"},
+            headers=AUTH,
+        )
+        assert never.status_code == 200, never.text
+        regex = {"name": "detail", "value": r"(a|a)*b|\w+", "isRegex": True}  # Alertmanager's shape
+        sil = await c.post(
+            base + "/api/v1/silences", json={"matchers": [regex], "duration": "1h"}, headers=AUTH
+        )
+        assert sil.status_code == 200, sil.text
+        listed = (await c.get(base + "/api/v1/silences")).json()["data"]
+        assert {m["value"] for s in listed for m in s["matchers"]} >= {"(.*.*)*Q", r"(a|a)*b|\w+"}
+
+        hung = {"alerts": [{"status": "firing", "labels": {"alertname": "Hung", "instance": "vllm-0"}}]}
+        hung["alerts"][0]["labels"]["detail"] = detail
+        assert (await c.post(base + "/api/v1/alertmanager", json=hung, headers=AUTH)).status_code == 200
+        status: Any = await wait_for(
+            c,
+            base + "/api/v1/actions",
+            lambda j: any(h["trigger"] == "inbound" for h in j["data"]["history"]),
+        )
+        rec = next(h for h in status["data"]["history"] if h["trigger"] == "inbound")
+        assert rec["outcome"] == "skipped" and "silence" in rec["reason"]
+
+        found = await c.get(base + "/api/v1/series", params={"match[]": '{__name__=~"(.+)+Q"}'})
+        assert found.status_code == 200 and found.json()["data"] == []
+        bad = await c.get(base + "/api/v1/series", params={"match[]": '{__name__=~"(.+)++Q"}'})
+        assert bad.status_code == 400 and "invalid regular expression" in bad.json()["error"]
+        bad = await c.post(
+            base + "/api/v1/silences", json={"matchers": ['a=~"\\\\C"'], "duration": "1h"}, headers=AUTH
+        )
+        assert bad.status_code == 400 and "invalid escape sequence" in bad.json()["error"]
+        assert (await c.get(base + "/healthz")).status_code == 200

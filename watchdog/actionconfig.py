@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .durations import parse_duration
 from .gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
-from .promql.labelfuncs import compile_go_regex
+from .goregex import RegexError, compile_anchored
 from .yamlnodes import Node
 
 ACTION_TYPES = (
@@ -28,6 +28,7 @@ DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure
 NOTIFIER_TYPES = ("alertmanager", "webhook")
 DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$')
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
 _ACTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -47,7 +48,7 @@ class Matcher:
             return got == self.value
         if self.op == "!=":
             return got != self.value
-        hit = compile_go_regex(self.value).match(got) is not None
+        hit = compile_anchored(self.value).match_string(got)
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
@@ -70,9 +71,24 @@ def parse_matcher(text: str) -> Matcher:
     value = m.group(3) if m.group(3) is not None else m.group(4)
     if m.group(3) is not None:
         value = re.sub(r"\\(.)", r"\1", value)
+    return make_matcher(name, op, value)
+
+
+def make_matcher(name: str, op: str, value: str) -> Matcher:
+    """A matcher from its parts (a regex is compiled now); ValueError naming what is wrong."""
+    if not _LABEL.fullmatch(name) or op not in ("=", "!=", "=~", "!~"):
+        raise ValueError(f"bad matcher {name}{op}{value!r}: want a label name and one of = != =~ !~")
     if op in ("=~", "!~"):
-        compile_go_regex(value)  # raises ValueError naming the regex
+        check_matcher_regex(value)
     return Matcher(name, op, value)
+
+
+def check_matcher_regex(pattern: str) -> None:
+    """Refuse what Alertmanager's regexp.Compile("^(?:" + pattern + ")$") refuses; ValueError naming it."""
+    try:
+        compile_anchored(pattern)
+    except RegexError as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .actionconfig import parse_matcher
+from .actionconfig import make_matcher, parse_matcher
 from .alerting import OutgoingAlert
 from .durations import parse_duration
 from .gateway.control import GatewayControl
@@ -236,7 +236,7 @@ def _silence_matchers(value: object) -> list[dict[str, str]]:
             regex, equal = bool(m.get("isRegex", False)), bool(m.get("isEqual", True))
             op = ("=~" if equal else "!~") if regex else ("=" if equal else "!=")
             try:
-                parse_matcher(f'{name}{op}"{val}"')
+                make_matcher(name, op, val)
             except ValueError as exc:
                 raise BadRequest(f"matchers[{i}]: {exc}") from None
             out.append({"name": name, "op": op, "value": val})

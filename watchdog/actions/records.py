@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..actionconfig import Matcher, matches_all
-from ..promql.labelfuncs import compile_go_regex
+from ..actionconfig import Matcher, check_matcher_regex, matches_all
 
 MATCH_OPS = ("=", "!=", "=~", "!~")
 
@@ -92,7 +91,7 @@ def parse_silence_matchers(raw: Sequence[Mapping[str, Any]]) -> tuple[Matcher, .
             raise ValueError(f"matcher {i}: want name, op ({' '.join(MATCH_OPS)}) and value, got {item!r}")
         if op in ("=~", "!~"):
             try:
-                compile_go_regex(value)
+                check_matcher_regex(value)
             except ValueError as exc:
                 raise ValueError(f"matcher {i}: {exc}") from None
         out.append(Matcher(name, op, value))
