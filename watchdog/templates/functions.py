@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import quote_plus, urlsplit
 
 from ..durations import parse_duration
+from ..goregex import RegexError, compile_go
 from .gofmt import (
     HTML,
     AlertData,
@@ -22,7 +23,6 @@ from .gofmt import (
     sprintf,
     sprintln,
 )
-from .goregexp import RegexpError, match_string, replace_all
 
 
 class FuncError(ValueError):
@@ -354,10 +354,19 @@ def strip_domain(hp: str) -> str:
     return host
 
 
-def _regexp_call(fn: Callable[..., object], *args: str) -> object:
+def _match(pattern: str, text: str) -> bool:
+    """regexp.MatchString: an unanchored search."""
     try:
-        return fn(*args)
-    except RegexpError as e:
+        return compile_go(pattern).match_string(text)
+    except RegexError as e:
+        raise FuncError(str(e)) from None
+
+
+def _re_replace_all(pattern: str, repl: str, text: str) -> str:
+    """regexp.MustCompile(pattern).ReplaceAllString(text, repl)."""
+    try:
+        return compile_go(pattern).replace_all_string(text, repl)
+    except RegexError as e:
         raise FuncError(str(e)) from None
 
 
@@ -409,8 +418,8 @@ PROMETHEUS: dict[str, Func] = {
     "toUpper": Func((S,), lambda s: _case(s, True)),
     "toLower": Func((S,), lambda s: _case(s, False)),
     "title": Func((S,), _title),
-    "reReplaceAll": Func((S, S, S), lambda p, r, t: _regexp_call(replace_all, p, r, t)),
-    "match": Func((S, S), lambda p, t: _regexp_call(match_string, p, t)),
+    "reReplaceAll": Func((S, S, S), _re_replace_all),
+    "match": Func((S, S), _match),
     "stripPort": Func((S,), strip_port),
     "stripDomain": Func((S,), strip_domain),
     "safeHtml": Func((S,), HTML),
