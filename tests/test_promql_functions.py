@@ -8,7 +8,7 @@ import math
 import pytest
 
 from vllm_watchdog.promql import rangefuncs as rf
-from vllm_watchdog.promql.labelfuncs import compile_go_regex, label_join, label_replace
+from vllm_watchdog.promql.labelfuncs import label_join, label_replace
 from vllm_watchdog.promql.mathfuncs import (
     DATE_FUNCTIONS,
     MATH_FUNCTIONS,
@@ -372,34 +372,3 @@ def test_label_join():
         label_join(L, "j", "+", ["b", "1bad"])  # promtool 2.42
     with pytest.raises(QueryError, match=r"^invalid destination label name in label_join\(\): j-k$"):
         label_join(L, "j-k", "+", ["b"])
-
-
-@pytest.mark.parametrize(
-    ("pattern", "text", "matches"),
-    [
-        (r"\d+", "123", True),
-        (r"\d+", "١٢٣", False),  # Go's \d is ASCII only
-        (r"\w+", "héllo", False),
-        (r"[[:alpha:]]+", "abcXYZ", True),
-        (r"[[:digit:]x]+", "12x", True),
-        ("foo$", "foo\n", False),  # $ is the end of the text, not before a final newline
-        ("a(?i)b|c", "C", True),  # the flag reaches across the alternation
-        ("a(?i)b|c", "aB", True),
-        ("a(?i)b|c", "AB", False),
-        (r"\Qa.b\E", "a.b", True),
-        (r"\Qa.b\E", "axb", False),
-        (r"\x41\x{42}\101", "ABA", True),
-        ("a{,2}", "a{,2}", True),  # Go reads {, literally
-        (".", "\n", False),
-        (r"\bfoo\b", "foo", True),
-        ("(?s).", "\n", True),
-    ],
-)
-def test_go_regex_translation(pattern, text, matches):
-    assert (compile_go_regex(pattern).match(text) is not None) is matches
-
-
-@pytest.mark.parametrize("pattern", [r"(a)\1", "(?=a)a", "(?!a)b", "(?<=a)b", r"\Z", "(?U)a*", "[a", "a)"])
-def test_go_regex_rejects_what_go_rejects(pattern):
-    with pytest.raises(ValueError):
-        compile_go_regex(pattern)

@@ -100,6 +100,9 @@ BROKEN = {
     "unknown-key": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x\n    severity: page\n", 6),
     "both": ("groups:\n- name: g\n  rules:\n  - alert: A\n    record: r\n    expr: x\n", 4),
     "dup-group": ("groups:\n- name: g\n  rules: []\n- name: g\n  rules: []\n", 4),
+    "regex-lookbehind": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x{a=~'(?<=x)y'}\n", 5),
+    "regex-possessive": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x{a=~'a++'}\n", 5),
+    "regex-any-byte": ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: x{a=~'\\\\C'}\n", 5),
 }
 
 
@@ -120,6 +123,25 @@ def test_good_file_passes_promtool_and_us(tmp_path: Path) -> None:
     path.write_text(GOOD)
     assert subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True).returncode == 0
     assert load_rule_files([str(path)])
+
+
+def test_regexes_go_cannot_run_are_refused_at_load_with_file_line() -> None:
+    text = (
+        "groups:\n- name: g\n  rules:\n"
+        "  - alert: A\n    expr: x{a=~'(?<=x)y'}\n"
+        "  - alert: B\n    expr: x{a=~'(.+)+Q|a++'}\n"
+        "  - alert: C\n    expr: label_replace(x, 'd', '$1', 'a', '(?P<\u00e9>.)')\n"
+        "  - alert: D\n    expr: x{a=~'(?U)(.+)+Q|\\\\p{Greek}|\\\\z'}\n"  # Go accepts this one
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_rule_file(text, "r.yml")
+    out = [str(p) for p in info.value.problems]
+    assert len(out) == 3, out
+    assert out[0].startswith("r.yml:5: groups[0].rules[0].expr: could not parse expression")
+    assert out[1].startswith("r.yml:7: groups[0].rules[1].expr: could not parse expression")
+    assert "invalid regular expression '(.+)+Q|a++'" in out[1] and "bad repetition operator" in out[1]
+    assert out[2].startswith("r.yml:9: groups[0].rules[2].expr: could not parse expression")
+    assert "invalid regular expression in label_replace()" in out[2]
 
 
 def test_bad_expression_names_its_position() -> None:

@@ -9,9 +9,10 @@ from typing import Any, Union
 
 import promql_parser
 
+from .labelfuncs import check_label_replace
 from .positions import PARSER_AGGREGATORS, error_position, find_token, tokenize
 from .selectors import Selector, from_ast
-from .values import PromQLError
+from .values import PromQLError, QueryError
 
 RANGE_FUNCTIONS = frozenset(
     (
@@ -293,6 +294,13 @@ def _call(node: promql_parser.Call) -> Call:
         what = "native histograms are" if name.startswith("histogram_") else f"function {name!r} is"
         raise _Unsupported(f"{what} not supported (Prometheus 2.42 semantics)", name, kind="ident", call=True)
     args = tuple(_lower(a) for a in node.args)
+    strings = [a.value for a in args[1:] if isinstance(a, Str)]
+    if name == "label_replace" and len(strings) == 4:
+        # Prometheus fails every evaluation on these; a rule file is refused at load instead.
+        try:
+            check_label_replace(strings[0], strings[3])
+        except QueryError as exc:
+            raise _Unsupported(str(exc), name, kind="ident", call=True) from None
     kind = _VALUE_KIND.get(str(node.func.return_type), "vector")
     return Call(name, args, kind)
 

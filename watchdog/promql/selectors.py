@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import promql_parser
 
+from ..goregex import RegexError, compile_anchored, compile_go
 from ..store import Labels, SampleStore, Series
-from .labelfuncs import compile_go_regex
 
 _OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}
 
 
-def _anchored(pattern: str) -> re.Pattern[str]:
-    # Go RE2 syntax, anchored at both ends; in Prometheus 2.x `.` does not match a newline (3.x: it does).
-    try:
-        return compile_go_regex(pattern)
-    except ValueError as exc:
-        raise re.error(str(exc)) from exc
+def check_regex(pattern: str) -> None:
+    """Refuse a matcher regex as Prometheus does: it must compile alone and anchored; RegexError."""
+    compile_go(pattern)  # Prometheus' FastRegexMatcher also parses the bare pattern
+    compile_anchored(pattern)
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,8 @@ class Matcher:
             return value == self.value
         if self.op == "!=":
             return value != self.value
-        hit = _anchored(self.value).match(value) is not None
+        # In Prometheus 2.x `.` does not match a newline (3.x: it does).
+        hit = compile_anchored(self.value).match_string(value)
         return hit if self.op == "=~" else not hit
 
 
@@ -72,9 +70,9 @@ def from_ast(node: promql_parser.VectorSelector) -> Selector:
             name = m.value
         try:
             if matcher.op in ("=~", "!~"):
-                _anchored(matcher.value)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {matcher.value!r}: {exc}") from exc
+                check_regex(matcher.value)
+        except RegexError as exc:
+            raise ValueError(f"invalid regular expression {matcher.value!r}: {exc}") from None
         matchers.append(matcher)
     if node.matchers.or_matchers:
         raise ValueError("'or' inside a selector's braces is not supported")
