@@ -116,6 +116,8 @@ class ControlServer:
                     line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
                 except (asyncio.TimeoutError, ValueError, ConnectionError):  # ValueError: a line over the cap
                     return
+                except asyncio.CancelledError:  # shutting down: end quietly (asyncio logs a cancelled handler)
+                    return
                 if not line:
                     return
                 writer.write(await self._answer(line))
