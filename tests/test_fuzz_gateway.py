@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -239,11 +240,16 @@ class Request:
         return self.body
 
     @property
-    def forwarded_target(self) -> bytes:
-        """The target as the upstream should see it: without a fragment (a client must not send one; the HTTP
-        parser drops it), and, since ASGI gives the path and the query apart, an empty query (`/p?`) as `/p`."""
+    def forwarded_target(self) -> bytes | None:
+        """The target as the upstream should see it, None if the gateway must refuse its path: the path
+        normalised (upstream_path), without a fragment (a client must not send one; the HTTP parser drops it),
+        and, since ASGI gives the path and the query apart, an empty query (`/p?`) as `/p`."""
         text = self.target.partition(b"#")[0]
-        return text[:-1] if text.endswith(b"?") else text
+        path, _, query = text.partition(b"?")
+        normal = upstream_path(path)
+        if normal is None:
+            return None
+        return normal + (b"?" + query if query else b"")
 
     @property
     def leftover(self) -> bool:
@@ -255,6 +261,32 @@ class Request:
     def half_close(self) -> bool:
         """Whether the client shuts its side after sending (it promised more body than it sends)."""
         return self.framing == "short"
+
+
+_UNRESERVED = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def upstream_path(path: bytes) -> bytes | None:
+    """The path as vLLM routes on it, written out from RFC 3986 (6.2.2.2 unreserved escapes decoded, 5.2.4 dot
+    segments removed) plus empty segments collapsed; None where it must be refused: an escape that decodes to
+    `/`, `\\` or NUL, or a raw backslash."""
+    escapes = [int(h, 16) for h in re.findall(rb"%([0-9A-Fa-f]{2})", path)]
+    if b"\\" in path or any(b in (0x2F, 0x5C, 0x00) for b in escapes):
+        return None
+    decoded = re.sub(
+        rb"%([0-9A-Fa-f]{2})",
+        lambda m: bytes([int(m[1], 16)]) if int(m[1], 16) in _UNRESERVED else m[0],
+        path,
+    )
+    kept: list[bytes] = []
+    segments = decoded.split(b"/")[1:]
+    for segment in segments:
+        if segment == b"..":
+            kept = kept[:-1]
+        elif segment not in (b"", b"."):
+            kept.append(segment)
+    trailing = bool(kept) and segments[-1] in (b"", b".", b"..")
+    return b"/" + b"/".join(kept) + (b"/" if trailing else b"")
 
 
 _JSON = st.recursive(
@@ -322,7 +354,9 @@ def body(draw: st.DrawFn) -> bytes:
 
 
 _PATHS = [b"/v1/chat/completions", b"/v1/completions"] * 3
-_PATHS += [b"/v1/models", b"/health", b"/metrics", b"/v1/x", b"/"]
+_PATHS += [b"/v1/models", b"/health", b"/metrics", b"/v1/x", b"/", b"//v1/completions", b"/invocations"]
+ADMIN_PATHS = {b"/pause", b"/v1/load_lora_adapter"}  # refused (403): never forwarded
+_PATHS += [b"/v1/./chat/completions", b"/x/../v1/completions", *ADMIN_PATHS]
 METHODS = [b"POST"] * 8 + [b"GET", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"HEAD"]
 BAD_METHODS = [b"FOO", b"post", b"P\xc3\xa9", b"GET\x00", b""]  # not methods, or not tokens
 _URL_SAFE = st.text("abcxyzABC0189-._~!$&'()*+,;=:@%", max_size=8).map(str.encode)
@@ -675,7 +709,9 @@ def test_request_handling(rig: Rig, req: Request, ans: Answer) -> None:
             else f"gateway {response.status}"
         )
     )
+    target = req.forwarded_target
     if reached:
+        assert target is not None and target.partition(b"?")[0] not in ADMIN_PATHS, target
         check_forwarded(req, reached[0])
         if response is not None and not (req.leftover and response.from_parser):
             check_answered(req, response, ans)

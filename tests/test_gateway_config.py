@@ -151,3 +151,16 @@ def test_api_keys_never_appear_in_errors() -> None:
 def test_bad_gateway_actions_name_file_line_and_field(action: str, message: str) -> None:
     problems = errors(TARGET + f"actions:\n  a: {action}\n")
     assert any(p.startswith("c.yml:4: ") and message in p for p in problems), problems
+
+
+def test_connection_cap_and_allowed_admin_paths_parse_and_unknown_admin_paths_are_refused() -> None:
+    text = TARGET + "gateway:\n  max_connections: 100\n  allow_admin_paths: [/pause, /resume, /adapters]\n"
+    cfg = parse_config(text, "c.yml", env={})
+    assert cfg.gateway is not None
+    assert (cfg.gateway.max_connections, cfg.gateway.allow_admin_paths) == (
+        100,
+        ("/pause", "/resume", "/adapters"),
+    )
+    problems = errors(TARGET + "gateway:\n  max_connections: 0\n  allow_admin_paths: [/v1/completions]\n")
+    assert any("c.yml:4" in p and "max_connections" in p for p in problems), problems
+    assert any("c.yml:5" in p and "'/v1/completions' is not an admin path" in p for p in problems), problems

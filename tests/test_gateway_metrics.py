@@ -48,6 +48,9 @@ def snapshot(target: str = "llama", sessions: tuple[SessionStats, ...] = ()) -> 
         ttfb=histogram(0.003, 0.3),
         body_too_large_total=2,
         client_timeouts_total=5,
+        refused_total={"admin_path": 3, "header_too_large": 1},
+        connections=9,
+        connections_evicted_total=4,
     )
     return GatewaySnapshot(target=target, gate=gate, proxy=proxy, sessions=sessions, sessions_tracked=37)
 
@@ -101,6 +104,10 @@ def test_gate_and_proxy_series_exact() -> None:
         key("upstream_errors_total", kind="client_disconnect", **t): 2,
         key("body_too_large_total", **t): 2,
         key("client_timeouts_total", **t): 5,
+        key("refused_total", reason="admin_path", **t): 3,
+        key("refused_total", reason="header_too_large", **t): 1,
+        key("connections", **t): 9,
+        key("connections_evicted_total", **t): 4,
         key("sessions_tracked", **t): 37,
     }
     for k, v in expected.items():
@@ -168,6 +175,8 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "upstream_errors",
         "body_too_large",
         "client_timeouts",
+        "refused",
+        "connections_evicted",
         "session_requests",
         "session_prompt_tokens",
         "session_completion_tokens",
@@ -187,6 +196,7 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "session_tool_call_repeats",
         "session_breaker_open",
         "sessions_tracked",
+        "connections",
     }
     assert {n.removeprefix(P) for n in fams} == counters | histograms | gauges
     for name, family in fams.items():

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer, HttpProtocol
+from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import GatewaySnapshot
+from vllm_watchdog.listener import HttpProtocol
 
 from gateway_upstream import Upstream, fixed, hang, sse, stream_then
 from vllm_server import free_port
@@ -496,7 +497,9 @@ def test_a_full_queue_gives_429_with_retry_after(
     assert snapshot(gw).gate.rejected_total["queue_full"] == 1
 
 
-def test_only_post_v1_is_admitted(upstream: Upstream, gateway: Callable[..., GatewayServer]) -> None:
+def test_only_posts_to_inference_routes_are_admitted(
+    upstream: Upstream, gateway: Callable[..., GatewayServer]
+) -> None:
     gw = gateway(drain_mode="reject")
     gw.call_sync(lambda: gw.gate.set_drain(True))
     r = httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=10)

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from ..durations import parse_duration, parse_size
 from ..yamlnodes import Node
+from .routes import ADMIN, admin_root
 
 MiB = 1024 * 1024
 
@@ -54,6 +55,8 @@ class GatewayConfig:
     read_timeout: float = 600.0  # upstream silence between bytes; beyond it 504
     client_timeout: float = 30.0  # a client must send its headers and whole body within this (slowloris)
     keepalive_timeout: float = 75.0  # idle client connections close after this
+    max_connections: int = 4096  # open client connections (bounded by the fd limit); the oldest idle go first
+    allow_admin_paths: tuple[str, ...] = ()  # vLLM admin endpoints forwarded rather than refused (403)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
 
@@ -71,6 +74,8 @@ _KEYS = {
     "read_timeout",
     "client_timeout",
     "keepalive_timeout",
+    "max_connections",
+    "allow_admin_paths",
     "priority",
     "sessions",
 }
@@ -125,9 +130,9 @@ def parse_gateway(
         size = m["max_body"].parsed(parse_size)
         if size is not None:
             values["max_body"] = size
-    for key in ("max_in_flight", "max_queue"):
+    for key in ("max_in_flight", "max_queue", "max_connections"):
         if key in m:
-            number = m[key].integer(minimum=1 if key == "max_in_flight" else 0)
+            number = m[key].integer(minimum=0 if key == "max_queue" else 1)
             if number is not None:
                 values[key] = number
     if "drain_mode" in m:
@@ -136,6 +141,8 @@ def parse_gateway(
             m["drain_mode"].error(f"must be hold or reject, got {mode!r}")
         elif mode is not None:
             values["drain_mode"] = mode
+    if "allow_admin_paths" in m:
+        values["allow_admin_paths"] = _admin_paths(m["allow_admin_paths"])
     priority = _priority(m["priority"]) if "priority" in m else d.priority
     sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
     if name is None:
@@ -154,6 +161,17 @@ def parse_gateway(
 def _check_listen(node: Node, listen: tuple[str, int], own_listen: tuple[str, int]) -> None:
     if listen == own_listen:
         node.error("must differ from `listen`, where the own API is served")
+
+
+def _admin_paths(node: Node) -> tuple[str, ...]:
+    out: list[str] = []
+    for path in node.string_list() or ():
+        if admin_root(path) is None:
+            known = ", ".join(sorted(ADMIN))
+            node.error(f"{path!r} is not an admin path the gateway refuses (those are: {known})")
+        else:
+            out.append(path)
+    return tuple(out)
 
 
 def _header(node: Node) -> str | None:

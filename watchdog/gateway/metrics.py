@@ -74,6 +74,21 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
         _counter(
             "body_too_large", "Requests refused with 413 (body over max_body).", t, p.body_too_large_total
         ),
+        _by(
+            "refused",
+            "Requests and connections the gateway refused itself (also counted in responses), by reason.",
+            t,
+            "reason",
+            p.refused_total,
+            counter=True,
+        ),
+        _gauge("connections", "Open client connections.", t, p.connections),
+        _counter(
+            "connections_evicted",
+            "Idle connections closed to make room for a new one at max_connections.",
+            t,
+            p.connections_evicted_total,
+        ),
         _counter(
             "client_timeouts",
             "Clients cut off for not sending their request in time.",

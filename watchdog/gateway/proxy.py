@@ -20,6 +20,7 @@ from .admission import Gate, Rejection, Ticket
 from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
 from .config import GatewayConfig
 from .histogram import Histogram
+from .routes import BadPath, Route, normalise_path, route_of
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals
 from .snapshot import ProxySnapshot
@@ -34,6 +35,7 @@ _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 # What uvicorn refuses to write in a header value (CR, LF and NUL among them); such a header is dropped.
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _JSON = [(b"content-type", b"application/json")]
+_OPTIONS_ALLOW = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"), (b"content-length", b"0")]
 log = logging.getLogger(__name__)
 # Close a keep-alive upstream connection before vLLM's uvicorn does (5 s), so a request never races its close.
 UPSTREAM_KEEPALIVE = 4.0
@@ -185,6 +187,7 @@ class Proxy:
         self._ttfb = Histogram()
         self._too_large = 0
         self._client_timeouts = 0
+        self._refused: dict[str, int] = {}
 
     def apply(self, config: GatewayConfig) -> None:
         """Take a reloaded config; the upstream and its timeouts stay as they were (they need a restart)."""
@@ -218,13 +221,26 @@ class Proxy:
         request = _Incoming(scope["headers"], self._session_header, self._priority_header)
         headers = request.headers
         headers.append(("host", self._host))
+        method: str = scope["method"]
+        raw_path: bytes = scope["raw_path"]
+        if raw_path == b"*" and method == "OPTIONS":  # about the server itself: nothing to forward
+            self._count(204)
+            await send({"type": "http.response.start", "status": 204, "headers": _OPTIONS_ALLOW})
+            return await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            path_bytes = normalise_path(raw_path)
+        except BadPath as exc:
+            return await self._refuse(send, 400, "bad_path", f"The request path is refused: {exc}.")
+        path = path_bytes.decode("latin-1")
+        route = route_of(method, path, self.config.allow_admin_paths)
+        if route is Route.ADMIN:
+            why = f"{path} is a model server admin endpoint; the gateway does not forward it."
+            return await self._refuse(send, 403, "admin_path", why)
         if request.length > self.config.max_body:
             return await self._too_large_response(send)
         if request.body_lost:
-            self._count(400)
             why = "The gateway does not support protocol upgrades; a request body sent with one is lost."
-            body = error_body(why, "invalid_request_error", "upgrade_not_supported")
-            return await send_error(send, 400, body, close=True)
+            return await self._refuse(send, 400, "upgrade_not_supported", why)
 
         interrupt = _Interrupt()
         ticket: Ticket | None = None
@@ -249,9 +265,7 @@ class Proxy:
             interrupt.watch(receive)
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-            path: str = scope["path"]
-            method: str = scope["method"]
-            if method == "POST" and path.startswith("/v1/"):
+            if route is Route.ADMIT:
                 parsed = parse_json_body(body, request.content_type) if path in OPENAI_PATHS else None
                 api_key = api_key_of(request.authorization)
                 session = session_key(request.session, parsed, api_key)
@@ -263,13 +277,12 @@ class Proxy:
                 ticket = outcome
                 streaming = parsed is not None and parsed.get("stream") is True
                 trace = self.signals.start(session, path, parsed, streaming)
-            status = await self._forward(scope, method, headers, body, send, ticket, trace)
+            status = await self._forward(scope, path_bytes, method, headers, body, send, ticket, trace)
         except asyncio.CancelledError:
             if not interrupt.absorb():
                 raise
             if interrupt.reason == "timeout":
-                self._client_timeouts += 1
-                self._count(408)
+                self.count_refusal("body_timeout", 408)
                 await send_error(
                     send,
                     408,
@@ -290,6 +303,7 @@ class Proxy:
     async def _forward(
         self,
         scope: Scope,
+        path: bytes,
         method: str,
         headers: list[tuple[str, str]],
         body: bytes,
@@ -297,8 +311,9 @@ class Proxy:
         ticket: Ticket | None,
         trace: RequestTrace | None,
     ) -> int:
-        """Send the request upstream and stream the response back; the status the client got."""
-        target = self._base + scope["raw_path"].decode("latin-1")
+        """Send the request (to the normalised `path`) upstream and stream the response back; the status the
+        client got."""
+        target = self._base + path.decode("latin-1")
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
         response: aiohttp.ClientResponse | None = None
@@ -366,28 +381,41 @@ class Proxy:
 
     async def _too_large_response(self, send: Send) -> None:
         self._too_large += 1
-        self._count(413)
         message = f"The request body is larger than the gateway's limit of {self.config.max_body} bytes."
-        await send_error(
-            send, 413, error_body(message, "invalid_request_error", "body_too_large"), close=True
-        )
+        await self._refuse(send, 413, "body_too_large", message)
+
+    async def _refuse(self, send: Send, status: int, reason: str, message: str) -> None:
+        """The gateway's own refusal, before the request body is read (so the connection closes)."""
+        self.count_refusal(reason, status)
+        await send_error(send, status, self.refusal_body(status, reason, message), close=True)
 
     def _count(self, status: int) -> None:
         self._responses[status] = self._responses.get(status, 0) + 1
 
-    def count_header_timeout(self) -> None:
-        """A connection was cut for not sending its request headers in time (the server's timer)."""
-        self._client_timeouts += 1
-        self._count(408)
+    @staticmethod
+    def refusal_body(status: int, reason: str, message: str) -> bytes:
+        """The OpenAI-shaped body of a refusal by the gateway itself (here or below the HTTP server)."""
+        kind = "service_unavailable" if status == 503 else "invalid_request_error"
+        return error_body(message, "permission_error" if status == 403 else kind, reason)
 
-    def snapshot(self) -> ProxySnapshot:
-        """Counters and the time-to-first-byte histogram."""
+    def count_refusal(self, reason: str, status: int) -> None:
+        """A request or connection the gateway refused itself, here or in its listener."""
+        self._refused[reason] = self._refused.get(reason, 0) + 1
+        self._count(status)
+        if status == 408:
+            self._client_timeouts += 1
+
+    def snapshot(self, connections: int = 0, evicted: int = 0) -> ProxySnapshot:
+        """Counters and the time-to-first-byte histogram; `connections` and `evicted` are the listener's."""
         return ProxySnapshot(
             responses_total={str(code): n for code, n in sorted(self._responses.items())},
             upstream_errors_total=dict(self._errors),
             ttfb=self._ttfb.snapshot(),
             body_too_large_total=self._too_large,
             client_timeouts_total=self._client_timeouts,
+            refused_total=dict(self._refused),
+            connections=connections,
+            connections_evicted_total=evicted,
         )
 
     async def aclose(self) -> None:

@@ -9,112 +9,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 import uvicorn
 
 try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as HttpProtocol
-except ImportError:  # httptools (the C parser) is optional; h11 is pure Python and slower
-    from uvicorn.protocols.http.h11_impl import H11Protocol as HttpProtocol  # type: ignore[assignment]
-try:
     from uvloop import new_event_loop
 except ImportError:  # uvloop is optional; asyncio's loop is slower
     from asyncio import new_event_loop  # type: ignore[assignment]
 
+from ..listener import Listener, ListenerLimits
 from .admission import Gate
 from .config import GatewayConfig
-from .proxy import Proxy, error_body
+from .proxy import Proxy
 from .signals import SessionSignals
 from .snapshot import GatewaySnapshot
 from .throttle import Throttle
 
 T = TypeVar("T")
-_HEADER_TIMEOUT_BODY = error_body(
-    "The request headers did not arrive in time.", "invalid_request_error", "timeout"
-)
-_HEADER_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"connection: close\r\n\r\n%s" % (len(_HEADER_TIMEOUT_BODY), _HEADER_TIMEOUT_BODY)
-)
-# Connections beyond the admission limits (health checks, metrics, the queue's own overflow answers).
-_SPARE_CONNECTIONS = 256
-
-
-class HeaderDeadlineProtocol(asyncio.Protocol):
-    """Wraps uvicorn's protocol: a connection that does not finish a request's headers within `timeout`
-    of its first byte (or of connecting) gets a 408 and is closed. uvicorn has no such timer (slowloris)."""
-
-    def __init__(self, inner: asyncio.Protocol, timeout: float, on_timeout: Callable[[], None]) -> None:
-        self.inner = inner
-        self._timeout = timeout
-        self._on_timeout = on_timeout
-        self._timer: asyncio.TimerHandle | None = None
-        self._transport: asyncio.Transport | None = None
-
-    def _between_requests(self) -> bool:
-        cycle = getattr(self.inner, "cycle", None)
-        return cycle is None or bool(cycle.response_complete)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Start the clock for the first request's headers."""
-        self._transport = transport  # type: ignore[assignment]
-        self.inner.connection_made(transport)
-        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
-
-    def data_received(self, data: bytes) -> None:
-        """Pass on; stop the clock when a request starts, start it on a partial request's first bytes."""
-        before = getattr(self.inner, "cycle", None)
-        self.inner.data_received(data)
-        if getattr(self.inner, "cycle", None) is not before:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        elif self._timer is None and self._between_requests():
-            transport = self._transport
-            if transport is not None and not transport.is_closing():
-                self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        transport = self._transport
-        if transport is None or transport.is_closing() or not self._between_requests():
-            return
-        self._on_timeout()
-        transport.write(_HEADER_TIMEOUT_RESPONSE)
-        transport.close()
-
-    def eof_received(self) -> bool | None:
-        """Pass on."""
-        return self.inner.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Pass on and stop the clock."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        """Pass on."""
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        """Pass on."""
-        self.inner.resume_writing()
-
-
-def deadline_protocol(
-    base: Callable[..., asyncio.Protocol], timeout: float, on_timeout: Callable[[], None]
-) -> type[asyncio.Protocol]:
-    """A protocol class for uvicorn.Config(http=...) that wraps `base` in a HeaderDeadlineProtocol."""
-
-    class Bound(HeaderDeadlineProtocol):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(base(**kwargs), timeout, on_timeout)
-
-    return Bound
 
 
 class _Server(uvicorn.Server):
@@ -138,6 +51,7 @@ class GatewayServer:
     signals: SessionSignals
     throttle: Throttle
     proxy: Proxy
+    listener: Listener
 
     def __init__(
         self,
@@ -205,11 +119,19 @@ class GatewayServer:
         )
         self.throttle = Throttle(self.gate, monotonic=monotonic)
         self.proxy = Proxy(config, self.gate, self.signals, monotonic=monotonic)
+        # Connections are capped here, apart from requests: admission (the Gate) is the only request budget.
+        self.listener = Listener(
+            ListenerLimits(
+                max_connections=config.max_connections, header_timeout=config.client_timeout, fd_share=0.5
+            ),
+            self.proxy.refusal_body,
+            self.proxy.count_refusal,
+        )
         server = self._server = _Server(
             ready.set,
             uvicorn.Config(
                 self.proxy,
-                http=deadline_protocol(HttpProtocol, config.client_timeout, self.proxy.count_header_timeout),
+                http=self.listener.protocol(),
                 interface="asgi3",
                 lifespan="off",
                 # The gateway forwards HTTP only. With a WebSocket library installed (uvicorn[standard], as
@@ -223,7 +145,6 @@ class GatewayServer:
                 server_header=False,  # the upstream's Server and Date pass through instead
                 date_header=False,
                 timeout_keep_alive=math.ceil(config.keepalive_timeout),
-                limit_concurrency=config.max_in_flight + config.max_queue + _SPARE_CONNECTIONS,
             ),
         )
         try:
@@ -276,7 +197,8 @@ class GatewayServer:
         """Everything the gateway exports; on the gateway loop (through call())."""
         gate = self.gate.snapshot()
         sessions, tracked = self.signals.stats(gate.session_in_flight, gate.breakers_open)
-        return GatewaySnapshot(self.config.target, gate, self.proxy.snapshot(), sessions, tracked)
+        proxy = self.proxy.snapshot(len(self.listener.connections), self.listener.evicted)
+        return GatewaySnapshot(self.config.target, gate, proxy, sessions, tracked)
 
     def apply(self, config: GatewayConfig) -> None:
         """A config reload, on the gateway loop: admission limits, priorities, session headers, body size and

@@ -78,6 +78,9 @@ class ProxySnapshot:
     ttfb: HistogramSnapshot  # admission to the first upstream response byte
     body_too_large_total: int = 0
     client_timeouts_total: int = 0
+    refused_total: Mapping[str, int] = field(default_factory=dict)  # reason -> the gateway's own refusals
+    connections: int = 0  # open client connections
+    connections_evicted_total: int = 0  # idle connections closed to make room at max_connections
 
 
 @dataclass(frozen=True)
