@@ -199,6 +199,12 @@ def test_replace_all_follows_go(pattern: str, text: str, template: str, want: st
 def test_match_string_never_reports_a_match_inside_a_character() -> None:
     assert not compile_go(r"\B").match_string("aéa")
     assert compile_go(r"\B").match_string("aé")
+    assert compile_go(r"\B\Qab").replace_all_string("xabab", "-") == "x--"  # \Q open to the end
+    # Skipping RE2's matches inside characters one search at a time would be quadratic here: every
+    # search would scan to the end for the first alternative, then stop inside the next "é".
+    text = "aé" * 50_000
+    assert compile_go(r"a[^z]*z|\B").match_string(text)  # \B holds at the end of the text
+    assert compile_go(r"a[^z]*z|\B").replace_all_string(text, "-") == text + "-"
 
 
 def test_text_that_is_not_unicode_reads_as_replacement_characters() -> None:

@@ -17,8 +17,9 @@ How Go's semantics are kept:
   `^`/`$` are the ends of the text unless `(?m)`, `\\d \\w \\s \\b` are ASCII: Go's defaults.
 - Anchoring: `compile_anchored` compiles the text `^(?:` + pattern + `)$`, exactly as Prometheus and
   Alertmanager build it (so `\\Qabc` without `\\E` is refused there, as in Go).
-- Positions: RE2 searches bytes and may report an empty match inside a multi-byte character (only `\\B`
-  can hold there); such a match is skipped, so every match starts on a character boundary as in Go.
+- Positions: RE2 tries every byte offset as a start, and `\\B` (alone among assertions) holds inside a
+  multi-byte character, where Go never looks. A pattern with `\\B` is therefore searched as
+  `(?s:.*?)(pattern)` anchored at the start, which steps whole characters as Go's search does.
   ReplaceAllString and Expand follow Go's algorithms, including the empty-match-after-a-match rule and
   `$1x` naming the group `1x`.
 - Text that is not valid Unicode (a lone surrogate) has each surrogate read as U+FFFD, as Go reads an
@@ -38,6 +39,8 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
 
 import re2
 from re2 import _re2
@@ -48,6 +51,7 @@ CACHE_ENTRIES = 256
 CACHE_INSTRUCTIONS = 2_000_000  # total program size kept in the cache (a few tens of MiB at most)
 
 _UNANCHORED = _re2.RE2.Anchor.UNANCHORED
+_ANCHOR_START = _re2.RE2.Anchor.ANCHOR_START
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _GO_CAPTURE_NAME = re.compile(r"[A-Za-z0-9_]+")
 
@@ -106,22 +110,32 @@ def _skip_class(p: str, i: int) -> int:
     return i + 1
 
 
-def _capture_names(p: str) -> list[str]:
-    """Names of the capture groups in order ('' for unnamed); RegexError for what only RE2 accepts.
+@dataclass(frozen=True)
+class _Syntax:
+    """What a scan of an accepted pattern finds that RE2 does not report."""
 
-    Called on patterns RE2 has already accepted, so the syntax is known to be well formed.
-    """
+    names: tuple[str, ...]  # capture group names in order, '' for unnamed ones
+    not_word_boundary: bool  # a \B: the one assertion that holds inside a multi-byte character
+    open_quote: bool  # ends inside \Q... with no \E
+
+
+def _scan(p: str) -> _Syntax:
+    """Scan a pattern RE2 has accepted (so well formed); RegexError for what only RE2 accepts."""
     names: list[str] = []
+    not_word_boundary = False
     i = 0
     while i < len(p):
         c = p[i]
         if c == "\\":
             if p.startswith("\\Q", i):
                 end = p.find("\\E", i + 2)
-                i = len(p) if end < 0 else end + 2
+                if end < 0:
+                    return _Syntax(tuple(names), not_word_boundary, True)
+                i = end + 2
                 continue
             if p.startswith("\\C", i):
                 raise RegexError("error parsing regexp: invalid escape sequence: `\\C`")
+            not_word_boundary = not_word_boundary or p.startswith("\\B", i)
             i += 2
         elif c == "[":
             i = _skip_class(p, i)
@@ -138,7 +152,17 @@ def _capture_names(p: str) -> list[str]:
             i = end + 1
         else:
             i += 1
-    return names
+    return _Syntax(tuple(names), not_word_boundary, False)
+
+
+def _compile(source: str) -> Any:
+    try:
+        compiled = _re2.RE2(source.encode(), _OPTIONS)
+    except re2.error as exc:  # the binding raises for some errors instead of setting ok()
+        raise RegexError(_go_message(str(exc))) from None
+    if not compiled.ok():
+        raise RegexError(_go_message(compiled.error().decode("utf-8", "replace")))
+    return compiled
 
 
 def _go_message(error: str) -> str:
@@ -174,44 +198,43 @@ class Submatch:
 class GoRegex:
     """One compiled Go regexp; its methods are Go's MatchString, FindStringSubmatch, Expand, ReplaceAll."""
 
-    __slots__ = ("_names", "_re", "size", "source")
+    __slots__ = ("_anchor", "_first", "_names", "_re", "size", "source")
 
     def __init__(self, source: str) -> None:
         if len(source.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES:
             raise RegexError(f"error parsing regexp: expression longer than {MAX_PATTERN_BYTES} bytes")
         try:
-            encoded = source.encode()
+            source.encode()
         except UnicodeEncodeError:
             raise RegexError("error parsing regexp: invalid UTF-8") from None
-        try:
-            compiled = _re2.RE2(encoded, _OPTIONS)
-        except re2.error as exc:  # the binding raises for some errors instead of setting ok()
-            raise RegexError(_go_message(str(exc))) from None
-        if not compiled.ok():
-            raise RegexError(_go_message(compiled.error().decode("utf-8", "replace")))
-        names = _capture_names(source)
-        if len(names) != compiled.NumberOfCapturingGroups():  # cannot happen; trust RE2 if it does
+        compiled = _compile(source)
+        syntax = _scan(source)
+        self._anchor = _UNANCHORED
+        self._first = 0  # the index of the whole match among RE2's spans
+        if syntax.not_word_boundary:
+            # RE2 tries every byte offset as a start, and \B holds inside a character where Go never
+            # looks; skipping such matches costs a new search each (quadratic). Instead let the pattern
+            # itself step whole characters: Go's unanchored search is exactly `(?s:.*?)(pattern)`.
+            close = "\\E)" if syntax.open_quote else ")"
+            compiled = _compile(f"(?s:.*?)({source}{close}")
+            self._anchor, self._first = _ANCHOR_START, 1
+        names = list(syntax.names)
+        if len(names) != compiled.NumberOfCapturingGroups() - self._first:  # cannot happen; trust RE2
             names = [""] * compiled.NumberOfCapturingGroups()
             for name, index in compiled.NamedCapturingGroups():
                 names[index - 1] = name.decode()
+            names = names[self._first :]
         self.source = source  # the text compiled, anchors included
         self.size: int = compiled.ProgramSize()
         self._re = compiled
         self._names = names
 
     def _search(self, b: bytes, pos: int) -> list[tuple[int, int]] | None:
-        """Spans of the leftmost match starting at or after byte pos on a character boundary."""
-        while True:
-            spans: list[tuple[int, int]] = self._re.Match(_UNANCHORED, b, pos, len(b))
-            start, end = spans[0]
-            if start < 0:
-                return None
-            if start == end and start < len(b) and (b[start] & 0xC0) == 0x80:
-                pos = start + 1  # an empty match inside a character, where Go never looks
-                while pos < len(b) and (b[pos] & 0xC0) == 0x80:
-                    pos += 1
-                continue
-            return spans
+        """Spans of the leftmost match starting at or after byte pos (always on a character boundary)."""
+        spans: list[tuple[int, int]] = self._re.Match(self._anchor, b, pos, len(b))
+        if spans[0][0] < 0:
+            return None
+        return spans[self._first :]
 
     def match_string(self, text: str) -> bool:
         """Whether the text contains a match (for an anchored pattern: whether it matches whole)."""
