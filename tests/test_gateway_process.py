@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -75,9 +77,13 @@ actions:
         cleanup.append(self.kill_gateways)
 
     def start(self) -> Any:
+        wd = self.start_daemon_only()
+        poll(self.api + "/api/v1/gateway", lambda j: "data" in j, 60, "the gateway's status", self.log)
+        return wd
+
+    def start_daemon_only(self) -> Any:
         wd = start_watchdog(self.cfg, self.log)
         self.cleanup.append(lambda: (wd.kill(), wd.wait(20)))
-        poll(self.api + "/api/v1/gateway", lambda j: "data" in j, 60, "the gateway's status", self.log)
         return wd
 
     def kill_gateways(self) -> None:
@@ -89,6 +95,21 @@ actions:
         pid = int(httpx.get(self.api + "/api/v1/gateway", timeout=5).json()["data"]["pid"])
         self.known.add(pid)
         return pid
+
+
+def poll_text(url: str, wanted: str, log: Path, limit: float = 60.0) -> None:
+    """GET url until its text contains `wanted` (bounded)."""
+    deadline = time.monotonic() + limit
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(url, timeout=5).text
+        except httpx.HTTPError:
+            text = ""
+        if wanted in text:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{wanted!r} not in {url} within {limit}s; log: {log.read_text()[-3000:]}")
 
 
 def _stream(url: str, results: list[Any]) -> None:
@@ -195,3 +216,39 @@ def test_the_gateway_serves_while_the_daemon_is_stopped_and_lifts_its_drain_afte
     # Back, the watchdog sees the lapse and puts its drain back (the store still says drained).
     poll(rig.api + "/api/v1/gateway", lambda j: j["data"]["draining"], 30, "the drain re-applied", rig.log)
     assert "lifted its holds while this watchdog was silent" in rig.log.read_text()
+
+
+def test_an_external_gateway_is_attached_to_outlives_the_daemon_and_its_absence_alerts(
+    tmp_path: Path, upstream: Upstream, cleanup: list[Callable[[], None]]
+) -> None:
+    """As systemd's two units and compose run them: `vllm-watchdog gateway` on its own, the daemon attaching."""
+    rig = Rig(tmp_path, upstream, cleanup, lease="60s")
+    rig.cfg.write_text(
+        rig.cfg.read_text().replace("control_lease: 60s", "control_lease: 60s, supervise: false")
+    )
+    wd = rig.start_daemon_only()
+    # No gateway yet: the daemon monitors on, says so, and attaches once one answers.
+    unreachable = 'vllm_watchdog_gateway_reachable{target="vllm-0"} 0.0'
+    poll_text(rig.api + "/metrics", unreachable, rig.log)
+    assert httpx.get(rig.api + "/api/v1/gateway", timeout=10).status_code == 503
+    with rig.log.open("ab") as out:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "vllm_watchdog", "gateway", "--config", str(rig.cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    rig.known.add(gateway.pid)
+    status = poll(rig.api + "/api/v1/gateway", lambda j: "data" in j, 60, "the attached gateway", rig.log)
+    assert status["data"]["pid"] == gateway.pid
+    wd.terminate()
+    assert wd.wait(30) == 0
+    # The daemon stopped on purpose: an external gateway is not its to stop.
+    assert gateway.poll() is None
+    assert httpx.get(rig.gateway + "/v1/models", timeout=10).status_code == 200
+    # The gateway gone with the daemon running: not started again by the daemon (not its job), and alerted.
+    rig.start_daemon_only()
+    poll(rig.api + "/api/v1/gateway", lambda j: "data" in j, 60, "the gateway attached again", rig.log)
+    gateway.kill()
+    gateway.wait(10)
+    poll_text(rig.api + "/metrics", unreachable, rig.log)
+    assert httpx.get(rig.api + "/api/v1/gateway", timeout=10).status_code == 503

@@ -57,6 +57,7 @@ class ActionCollector(Collector):
         yield GaugeMetricFamily(
             "vllm_watchdog_paused", "1 in maintenance mode (no actions).", value=int(p.store.paused()[0])
         )
+        yield from _gateway_families(p)
         yield GaugeMetricFamily(
             "vllm_watchdog_dry_run",
             "1 when every action only logs what it would do.",
@@ -93,3 +94,23 @@ def _notifier_families(p: ActionPlane) -> Iterator[Metric]:
         dropped.add_metric([name], s.dropped)
         retries.add_metric([name], s.retries)
     yield from (queued, sent, failed, dropped, retries)
+
+
+def _gateway_families(p: ActionPlane) -> Iterator[Metric]:
+    """Whether the gateway process answers the daemon, and how often a new one was started."""
+    gw = p.gateway
+    reachable = GaugeMetricFamily(
+        "vllm_watchdog_gateway_reachable",
+        "1 while the gateway process answers its control channel; 0 if it is gone or does not answer.",
+        labels=["target"],
+    )
+    restarts = CounterMetricFamily(
+        "vllm_watchdog_gateway_process_restarts",
+        "Gateway processes started again after one died.",
+        labels=["target"],
+    )
+    if gw is not None:
+        reachable.add_metric([gw.target], int(gw.reachable))
+        restarts.add_metric([gw.target], gw.restarts)
+    yield reachable
+    yield restarts

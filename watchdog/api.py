@@ -17,8 +17,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .controlapi import BadRequest, ControlGuard, bad_request, control_routes, error_response
+from .controlapi import (
+    BadRequest,
+    ControlGuard,
+    bad_request,
+    control_routes,
+    error_response,
+    gateway_unreachable,
+)
 from .evaluation import RuleEvaluation
+from .gateway.channel import ChannelError
 from .gateway.control import GatewayControl
 from .monitor import Monitor
 from .promql.selectors import parse_selector
@@ -139,7 +147,7 @@ def build_app(
         middleware=[
             Middleware(ControlGuard, get_token=get_token, limits={"/-/reload": MAX_CONTROL_BODY}),
         ],
-        exception_handlers={BadRequest: bad_request},
+        exception_handlers={BadRequest: bad_request, ChannelError: gateway_unreachable},
         routes=[
             Route("/metrics", metrics),
             Route("/healthz", healthz),

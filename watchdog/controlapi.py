@@ -147,6 +147,11 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return error_response(400, str(exc))
 
 
+async def gateway_unreachable(request: Request, exc: Exception) -> Response:
+    """The app's handler for a gateway process that does not answer its control channel: 503."""
+    return error_response(503, f"the gateway does not answer: {exc}")
+
+
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()  # bounded by ControlGuard
     if not raw.strip():

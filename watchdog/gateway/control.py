@@ -83,8 +83,18 @@ class GatewayControl:
 
     async def start(self) -> None:
         """Start (or adopt) the gateway; a new one gets the throttle, breakers and drain left before."""
-        await self._attached(await self.link.attach())
         self.store.on_drain = self.on_drain
+        try:
+            hello = await self.link.attach()
+        except OSError as exc:
+            if self.link.supervise:
+                raise
+            log.error(
+                "no gateway answers yet: monitoring goes on, and the watchdog attaches once one does",
+                extra={"target": self.target, "error": str(exc)},
+            )
+            return
+        await self._attached(hello)
 
     async def _attached(self, hello: Mapping[str, Any]) -> None:
         """A gateway answered for the first time: a new one takes the saved state; an adopted one (it outlived

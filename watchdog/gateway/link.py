@@ -16,6 +16,8 @@ from .server import GatewayServer
 class GatewayLink(Protocol):
     """One gateway, as the daemon sees it."""
 
+    supervise: bool  # this side starts the gateway (False: systemd or compose does, and may not have yet)
+
     async def attach(self) -> dict[str, Any]:
         """Reach (start or adopt) the gateway; its hello. OSError if it cannot listen."""
 
@@ -31,6 +33,8 @@ class GatewayLink(Protocol):
 
 class LocalLink:
     """A GatewayServer on its own thread in this process: tests drive its clock."""
+
+    supervise = True
 
     def __init__(self, server: GatewayServer, *, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.server = server

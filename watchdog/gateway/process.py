@@ -173,14 +173,8 @@ class GatewayProcess:
         OSError if it cannot be started or cannot listen."""
         with contextlib.suppress(ChannelError):
             return await self._hello()
-        if not self.supervise:
-            deadline = self._monotonic() + START_TIMEOUT
-            while True:  # systemd or compose starts it; wait for it, bounded
-                await asyncio.sleep(0.2)
-                with contextlib.suppress(ChannelError):
-                    return await self._hello()
-                if self._monotonic() > deadline:
-                    raise OSError(f"no gateway answers on {self.spec.control_socket}")
+        if not self.supervise:  # systemd or compose starts it, and may not have yet
+            raise OSError(f"no gateway answers on {self.spec.control_socket}")
         return await self._start()
 
     async def _hello(self) -> dict[str, Any]:
@@ -249,9 +243,14 @@ class GatewayProcess:
         return await self.client.request(op, args)
 
     async def revive(self) -> dict[str, Any] | None:
-        """After a failed command: start a new gateway if the old one is gone (supervised); its hello, or
-        None if the old one still lives (slow, not dead) or another supervisor owns it."""
-        if self.alive() or not self.supervise:
+        """After a failed command: start a new gateway if the old one is gone (supervised), or find the one
+        another supervisor started; its hello, or None if there is none (yet) or the old one lives on (slow)."""
+        if not self.supervise:
+            try:
+                return await self._hello()
+            except ChannelError:
+                return None
+        if self.alive():
             return None
         log.error(
             "the gateway process is gone: starting a new one", extra={"target": self.spec.gateway.target}
