@@ -117,6 +117,10 @@ def test_embedded_defaults_put_a_loopback_gateway_in_front_with_agent_guards() -
         ("{sessions: {max_in_flight: 0}}", "gateway.sessions.max_in_flight: must be >= 1"),
         ("{sessions: {top_k: 0}}", "gateway.sessions.top_k: must be >= 1"),
         ("[1]", "gateway: must be a mapping"),
+        ("{control_socket: gw.sock}", "gateway.control_socket: must be an absolute path of at most 107 bytes"),
+        ("{control_socket: /" + "a" * 120 + "}", "gateway.control_socket: must be an absolute path"),
+        ("{control_lease: 0s}", "gateway.control_lease: must be greater than 0"),
+        ("{supervise: maybe}", "gateway.supervise:"),
     ],
 )
 def test_bad_gateway_settings_name_file_line_and_field(gateway: str, message: str) -> None:
@@ -164,3 +168,14 @@ def test_connection_cap_and_allowed_admin_paths_parse_and_unknown_admin_paths_ar
     problems = errors(TARGET + "gateway:\n  max_connections: 0\n  allow_admin_paths: [/v1/completions]\n")
     assert any("c.yml:4" in p and "max_connections" in p for p in problems), problems
     assert any("c.yml:5" in p and "'/v1/completions' is not an admin path" in p for p in problems), problems
+
+
+def test_the_gateway_process_keys_parse() -> None:
+    """Who runs the gateway process, where its control socket is, and how long its holds outlive the daemon."""
+    default = parse_config(TARGET + "gateway: {}\n", "c.yml", env={}).gateway
+    assert default is not None
+    assert (default.supervise, default.control_socket, default.control_lease) == (True, None, 60.0)
+    text = TARGET + "gateway: {supervise: false, control_socket: /run/vw/gw.sock, control_lease: 2m}\n"
+    gw = parse_config(text, "c.yml", env={}).gateway
+    assert gw is not None
+    assert (gw.supervise, gw.control_socket, gw.control_lease) == (False, "/run/vw/gw.sock", 120.0)

@@ -57,6 +57,9 @@ class GatewayConfig:
     keepalive_timeout: float = 75.0  # idle client connections close after this
     max_connections: int = 4096  # open client connections (bounded by the fd limit); the oldest idle go first
     allow_admin_paths: tuple[str, ...] = ()  # vLLM admin endpoints forwarded rather than refused (403)
+    supervise: bool = True  # the daemon starts the gateway process (False: systemd or compose runs it)
+    control_socket: str | None = None  # the control channel's Unix socket; None: in the runtime directory
+    control_lease: float = 60.0  # drains and throttle holds lapse when the daemon is silent this long
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
 
@@ -76,6 +79,9 @@ _KEYS = {
     "keepalive_timeout",
     "max_connections",
     "allow_admin_paths",
+    "supervise",
+    "control_socket",
+    "control_lease",
     "priority",
     "sessions",
 }
@@ -86,6 +92,7 @@ _DURATIONS = (
     "read_timeout",
     "client_timeout",
     "keepalive_timeout",
+    "control_lease",
 )
 _HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC 9110)
 
@@ -135,6 +142,16 @@ def parse_gateway(
             number = m[key].integer(minimum=0 if key == "max_queue" else 1)
             if number is not None:
                 values[key] = number
+    if "supervise" in m:
+        supervise = m["supervise"].boolean()
+        if supervise is not None:
+            values["supervise"] = supervise
+    if "control_socket" in m:
+        path = m["control_socket"].string()
+        if path is not None and (not path.startswith("/") or len(path.encode()) > 107):
+            m["control_socket"].error("must be an absolute path of at most 107 bytes (a Unix socket)")
+        elif path is not None:
+            values["control_socket"] = path
     if "drain_mode" in m:
         mode = m["drain_mode"].string()
         if mode not in (None, "hold", "reject"):

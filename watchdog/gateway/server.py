@@ -70,6 +70,11 @@ class GatewayServer:
         self._failure: BaseException | None = None
 
     @property
+    def running(self) -> bool:
+        """Whether the serving thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def url(self) -> str:
         """Where clients reach the gateway."""
         return f"http://{self.config.listen_host}:{self.config.listen_port}"
