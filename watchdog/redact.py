@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -30,16 +30,27 @@ _SECRET_NAME = re.compile(
     r"|authorization|cookie|set-cookie)(?:$|-)"
 )
 _MAY_HAVE_SHAPE = re.compile(r"[\s=:@]")  # every shape below needs one of these
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#@\s:\"']*)(?::([^/?#@\s\"']*))?@")
 _CREDENTIAL = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")  # as HTTP spells them
-_VALUE = r"""(?!-)[^\s&"',;}]+"""
+_VALUE = re.compile(r"""[^\s&"',;}]+""")
+# A value follows (and is not a flag); it is read whole only when it is masked, so that each is read once.
+_VALUE_AHEAD = r"""(?=[^\s&"',;}-])"""
+# Both shapes below start with a name (a URL scheme; a flag or field name) that must run to the end of a run
+# of name characters, because what follows it (`://`; a separator) cannot begin with one. So every start
+# inside one run meets the same end: each run is found once and its end examined once, and then only its
+# first valid start is looked for. A single regex tries every start again up to the run's end, which is
+# quadratic: a 50 kB `a.a.a…=` label value took 37 s.
+_SCHEME_RUN = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z0-9+.-]++(?=://)")
+_SCHEME_START = re.compile(r"\b[a-zA-Z]")
+_USERINFO = re.compile(r"://([^/?#@\s:\"']*)(?::([^/?#@\s\"']*))?@")
 # `--name value` and `--name=value` (flags), `name=value` and `name: value` (assignments): the name decides.
 # Only the name and separator are consumed (the value is looked ahead), so a name inside another's value, such
 # as `token=` in `http://u:x@h/?token=...`, is still found.
-_ASSIGNMENT = re.compile(
-    rf"""(?<![\w-])(?:(--?[A-Za-z][\w.-]*)(\s+|=)(?=({_VALUE}))"""
-    rf"""|([A-Za-z_][\w.-]*)(["']?\s*(?:=|:(?!//))\s*["']?)(?=({_VALUE})))"""
-)
+_NAME_RUN = re.compile(r"(?<![\w.-])[\w.-]++")
+_FLAG_START = re.compile(r"(?<![\w-])--?[A-Za-z]")
+_FIELD_START = re.compile(r"(?<![\w-])[A-Za-z_]")
+_EITHER_START = re.compile(r"(?<![\w-])(?:--?[A-Za-z]|[A-Za-z_])")
+_FLAG_SEPARATOR = re.compile(rf"(?:\s+|=){_VALUE_AHEAD}")
+_FIELD_SEPARATOR = re.compile(rf"""["']?\s*(?:=|:(?!//))\s*["']?{_VALUE_AHEAD}""")
 
 
 @functools.lru_cache(maxsize=4096)  # field and flag names repeat in every row
@@ -48,23 +59,57 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_NAME.search(name.lower().lstrip("-").replace("_", "-")) is not None
 
 
-def _mask_userinfo(m: re.Match[str]) -> str:
-    scheme, user, password = m.group(1), m.group(2), m.group(3)
-    if password is None:  # a lone user part is often a token (https://TOKEN@host)
-        return f"{scheme}{MASK}@" if user else m.group(0)
-    return f"{scheme}{user}:{MASK}@"
+def _mask_urls(text: str) -> str:
+    """`scheme://user:PASSWORD@` and `scheme://TOKEN@` masked, in linear time."""
+    out, done, pos = [], 0, 0
+    while (run := _SCHEME_RUN.search(text, pos)) is not None:
+        colon = run.end()
+        start = _SCHEME_START.search(text, run.start(), colon)
+        tail = _USERINFO.match(text, colon) if start is not None else None
+        pos = colon if tail is None else tail.end()
+        if start is None or tail is None:
+            continue
+        scheme, user, password = text[start.start() : colon] + "://", tail.group(1), tail.group(2)
+        if password is not None:
+            masked = f"{scheme}{user}:{MASK}@"
+        elif user:  # a lone user part is often a token (https://TOKEN@host)
+            masked = f"{scheme}{MASK}@"
+        else:
+            continue
+        out += [text[done : start.start()], masked]
+        done = tail.end()
+    return "".join(out) + text[done:] if out else text
+
+
+def _assignments(text: str) -> Iterator[tuple[int, str, int]]:
+    """(start, name, end of the separator) of each flag and assignment, left to right; a value follows."""
+    pos = 0
+    while (run := _NAME_RUN.search(text, pos)) is not None:
+        end = run.end()
+        flag, field = _FLAG_SEPARATOR.match(text, end), _FIELD_SEPARATOR.match(text, end)
+        starts = _EITHER_START if flag and field else _FLAG_START if flag else _FIELD_START if field else None
+        start = None if starts is None else starts.search(text, run.start(), end)
+        separator = None if start is None else flag if text[start.start()] == "-" else field
+        if start is None or separator is None:
+            pos = end
+            continue
+        yield start.start(), text[start.start() : end], separator.end()
+        pos = separator.end()
 
 
 def _mask_assignments(text: str) -> str:
     out, done = [], 0
-    for m in _ASSIGNMENT.finditer(text):
-        name, value = (m.group(1), m.group(3)) if m.group(1) is not None else (m.group(4), m.group(6))
-        if m.start() < done or not is_secret_name(name) or value == MASK:
+    for start, name, end in _assignments(text):
+        if start < done or not is_secret_name(name):
+            continue
+        found = _VALUE.match(text, end)  # read only now, and once: values can be long
+        value = found.group() if found else ""
+        if value == MASK:
             continue
         if value in ("Bearer", "Basic"):  # `Authorization: Bearer X`: the credential rule masks X
             continue
-        out += [text[done : m.end()], MASK]
-        done = m.end() + len(value)
+        out += [text[done:end], MASK]
+        done = end + len(value)
     return "".join(out) + text[done:] if out else text
 
 
@@ -88,7 +133,7 @@ class Redactor:
         if not _MAY_HAVE_SHAPE.search(text):
             return text
         if "@" in text:
-            text = _URL_USERINFO.sub(_mask_userinfo, text)
+            text = _mask_urls(text)
         text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
         return _mask_assignments(text)
 
