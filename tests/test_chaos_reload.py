@@ -9,7 +9,10 @@ and set `vllm_watchdog_config_last_reload_successful` to 0; a valid SIGHUP after
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,4 +153,60 @@ def test_sighup_with_invalid_config_or_rules_keeps_the_old_ones(
     assert _metric(text, "vllm_watchdog_config_errors") == 0.0
     assert _rule_names(base) == ["ChaosQueueWaiting", "ChaosRunning"]
     poll(base + "/api/v1/alerts", lambda j: len(j["data"]["alerts"]) == 2, LIMIT, "both alerts firing", log)
+    assert wd.poll() is None
+
+
+def test_sighup_with_fifo_files_and_leaky_errors_neither_freezes_nor_leaks(
+    tmp_path: Path, fault: FaultServer, cleanup: list[Callable[[], None]]
+) -> None:
+    """A FIFO as include and as rule file froze the daemon loop on SIGHUP (the read never returned), and a bad
+    value substituted from a secret variable was logged in clear. Now the reload is refused at once, the daemon
+    scrapes on, and the logged problems are the lines `check` prints, the secret masked in both."""
+    fault.vllm_like(PAYLOAD)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cfg, rules, log = tmp_path / "watchdog.yml", tmp_path / "chaos.rules.yml", tmp_path / "watchdog.log"
+    rules.write_text(RULES)
+    cfg.write_text(_config(port, fault.url, rules))
+    secret = f"secret-{port}-value"
+    env = {**os.environ, "SCRAPE_SECRET": secret}
+    with log.open("ab") as out:
+        wd = subprocess.Popen(
+            [sys.executable, "-m", "vllm_watchdog", "run", "--config", str(cfg)],
+            stdout=out,
+            stderr=out,
+            env=env,
+        )
+    cleanup.append(lambda: (wd.kill(), wd.wait(10)))
+    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "first scrape", log)
+
+    os.mkfifo(tmp_path / "inc.yml")
+    os.mkfifo(tmp_path / "fifo.rules.yml")
+    leaky = _config(port, fault.url, tmp_path / "fifo.rules.yml").splitlines()[1:]  # no `global:`
+    leaky += ["include: [inc.yml]", "global: {scrape_interval: '${SCRAPE_SECRET}'}"]
+    cfg.write_text("\n".join(leaky) + "\n")
+    t0 = httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["last_scrape"]
+    wd.send_signal(signal.SIGHUP)
+    poll(
+        base + "/api/v1/targets",
+        lambda j: j["data"][0]["up"] and j["data"][0]["last_scrape"] > t0 + 3,
+        LIMIT,
+        "scrapes going on after SIGHUP with FIFOs",
+        log,
+    )
+    problems = _rejections(log)
+    assert problems == [
+        f"{tmp_path}/fifo.rules.yml:1: (file): cannot read: not a regular file but a FIFO",
+        f"{cfg}:7: include[0]: cannot read included file {tmp_path}/inc.yml (not a regular file but a FIFO)",
+        f"{cfg}:8: global.scrape_interval: not a valid duration string: '<redacted>' (use e.g. 15s, 1m30s, 500ms)",
+    ]
+    assert secret not in log.read_text()
+    check = subprocess.run(
+        [sys.executable, "-m", "vllm_watchdog", "check", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert check.stderr.splitlines() == problems
     assert wd.poll() is None
