@@ -1,17 +1,66 @@
-"""Logging: structured JSON lines, or plain text on a TTY; secrets masked on the way out (`RedactFilter`)."""
+"""Logging: structured JSON lines, or plain text on a TTY; secrets masked and sizes bounded on the way out.
+
+Every line is bounded (`RedactFilter`): the message and each field are cut at `MAX_FIELD_CHARS` with a
+"…(N bytes)" marker, a traceback at `MAX_TRACEBACK_CHARS`, so a target that sends a 4 MiB label name cannot
+write megabytes per line. A warning that would repeat at every scrape goes through `Recurring`: logged when
+its condition starts or changes, summarised with a count every few minutes, and once when it clears.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .redact import Redactor
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName", "color_message"}
+MAX_FIELD_CHARS = 512  # the message and every string field of a line
+MAX_TRACEBACK_CHARS = 8192
+MAX_ITEMS = 64  # of a list or mapping field
+_MAX_DEPTH = 6  # of nested fields
+_PRE_CUT = (
+    16  # redaction sees at most this many times the kept length, so that a secret cut at the end is gone
+)
+_MARKER = re.compile(r"…\((\d+) bytes\)\Z")
+
+
+def bound(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """`text` cut to `limit` characters with a "…(N bytes)" marker giving its whole size; short text as is."""
+    if len(text) <= limit:
+        return text
+    m = _MARKER.search(text, len(text) - 32)  # already cut once: keep the first size
+    size = int(m.group(1)) if m else len(text.encode("utf-8", "surrogatepass"))
+    return f"{text[:limit]}…({size} bytes)"
+
+
+def _trimmed(value: Any, limit: int, items: int = MAX_ITEMS, depth: int = 0) -> Any:
+    """Strings bounded, lists and mappings cut to `items`, nesting to _MAX_DEPTH; other values as they are."""
+    if isinstance(value, str):
+        return bound(value, limit)
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    if depth >= _MAX_DEPTH:
+        return "…"
+    if isinstance(value, Mapping):
+        out = {
+            _trimmed(k, limit, items, depth + 1) if isinstance(k, str) else k: _trimmed(
+                v, limit, items, depth + 1
+            )
+            for _, (k, v) in zip(range(items), value.items(), strict=False)
+        }
+        if len(value) > items:
+            out["…"] = f"{len(value)} items"
+        return out
+    if isinstance(value, (list, tuple)):
+        kept = [_trimmed(v, limit, items, depth + 1) for v in value[:items]]
+        return [*kept, f"…({len(value)} items)"] if len(value) > items else kept
+    return bound(str(value), limit)
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -19,27 +68,31 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class RedactFilter(logging.Filter):
-    """Masks secrets in a record's message, its `extra=` fields and its traceback; drops nothing.
+    """Masks secrets in a record's message, its `extra=` fields and its traceback, then bounds their sizes;
+    drops nothing.
 
     It sits on the handler, so it sees every record that is written, whichever logger it came from. The
     shape rules (`--api-key X`, URL passwords, `Bearer X`) hold from the start; the config's known values
-    arrive with `use_secrets`.
+    arrive with `use_secrets`. Masking comes before cutting, so a cut never leaves half a secret behind.
     """
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
         self.redactor = redactor or Redactor()
 
+    def _clean(self, value: Any, limit: int) -> Any:
+        masked = self.redactor.value(_trimmed(value, limit * _PRE_CUT))
+        return _trimmed(masked, limit, MAX_ITEMS + 1)  # lists and mappings are cut already, with their marker
+
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record in place; always keep it."""
-        red = self.redactor
-        record.msg, record.args = red.text(record.getMessage()), None
+        record.msg, record.args = self._clean(record.getMessage(), MAX_FIELD_CHARS), None
         for key, value in _extras(record).items():
-            setattr(record, key, red.value(value))
+            setattr(record, key, self._clean(value, MAX_FIELD_CHARS))
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = red.text(record.exc_text)
+            record.exc_text = self._clean(record.exc_text, MAX_TRACEBACK_CHARS)
         return True
 
 
@@ -99,3 +152,55 @@ def setup(level: str = "info", stream: TextIO | None = None, fmt: str = "auto") 
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "apscheduler", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@dataclass
+class _Episode:
+    """One key's condition: what it is now, and what was logged about it."""
+
+    state: Hashable
+    since: float
+    logged_at: float
+    repeats: int = 0  # occurrences since the last line about it
+
+
+class Recurring:
+    """Logs a condition that recurs at every scrape or probe once when it starts or changes, then a summary
+    every `every` seconds while it lasts (how many times it recurred meanwhile), and once when it clears.
+
+    `state` decides what counts as a change (an error's kind, say, not its text with a sample count in it);
+    `clock` is injected, so tests play hours of failures in milliseconds.
+    """
+
+    def __init__(
+        self, logger: logging.Logger, every: float = 300.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.logger = logger
+        self.every = every
+        self.clock = clock
+        self._episodes: dict[Hashable, _Episode] = {}
+
+    def failed(self, key: Hashable, state: Hashable, message: str, extra: Mapping[str, Any]) -> None:
+        """The condition holds for `key` once more."""
+        now = self.clock()
+        ep = self._episodes.get(key)
+        if ep is None or ep.state != state:
+            self._episodes[key] = _Episode(state, now, now)
+            self.logger.warning(message, extra=dict(extra))
+            return
+        ep.repeats += 1
+        if now - ep.logged_at >= self.every:
+            summary = {"repeated": ep.repeats, "failing_for_seconds": round(now - ep.since, 1)}
+            self.logger.warning(f"{message} (still)", extra={**extra, **summary})
+            ep.logged_at, ep.repeats = now, 0
+
+    def recovered(self, key: Hashable, message: str, extra: Mapping[str, Any]) -> None:
+        """The condition no longer holds for `key`: one line if it held until now, else nothing."""
+        ep = self._episodes.pop(key, None)
+        if ep is not None:
+            summary = {"failing_for_seconds": round(self.clock() - ep.since, 1)}
+            self.logger.info(message, extra={**extra, **summary})
+
+    def forget(self, key: Hashable) -> None:
+        """Drop `key` silently (its source is gone)."""
+        self._episodes.pop(key, None)
