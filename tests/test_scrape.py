@@ -170,3 +170,42 @@ def test_garbage_never_escapes_as_anything_but_scrape_error(text: str) -> None:
     )
     with contextlib.suppress(ScrapeError):
         t.ingest(text, 1000)
+
+
+async def test_samples_out_of_time_bounds_are_dropped_counted_and_shown(fault: FaultServer) -> None:
+    """A far-future explicit timestamp froze its series (every later sample was out of order) while the target
+    showed no error. Prometheus drops samples more than 10 min ahead or 1 h behind, counts them and scrapes on."""
+    now_ms = int(NOW * 1000)
+    future, past = now_ms + 10 * 365 * 86_400_000, now_ms - 2 * 3_600_000
+    fault.set("/metrics", f"a 1 {future}\nb 2 {past}\nc 3\nd 4 {now_ms + 600_000}\n")
+    store = SampleStore(600)
+    async with httpx.AsyncClient() as client:
+        t = target(store, client, fault.url)
+        status = await t.scrape(NOW)
+        assert status.up and status.samples == 4
+        assert status.out_of_bounds == 2 and status.out_of_bounds_total == 2
+        assert status.last_error == (
+            "error on ingesting samples that are too old or are too far into the future: 2 dropped"
+        )
+        assert list(store.select("a")) == [] and list(store.select("b")) == []
+        assert list(one(store, "d").ts) == [now_ms + 600_000]  # 10 minutes ahead is still accepted
+        for i in range(1, 4):  # the target goes on sending the bad sample, and good ones
+            fault.set("/metrics", f"a 1 {future}\nc {i}\n")
+            status = await t.scrape(NOW + i)
+        assert status.up and status.out_of_bounds == 1 and status.out_of_bounds_total == 5
+        assert list(store.select("a")) == []
+        fault.set("/metrics", "a 7\nc 9\n")  # the far-future sample is gone: `a` takes samples at once
+        status = await t.scrape(NOW + 4)
+    assert status.up and status.out_of_bounds == 0 and status.last_error is None
+    assert list(one(store, "a").vals) == [7.0]
+    assert list(one(store, "c").vals) == [3.0, 1.0, 2.0, 3.0, 9.0]
+
+
+async def test_a_4_mib_label_name_gives_a_bounded_error(fault: FaultServer) -> None:
+    huge = "l" * (4 << 20)
+    fault.set("/metrics", f'a{{{huge}="1",{huge}="2"}} 1\n')
+    async with httpx.AsyncClient() as client:
+        status = await target(SampleStore(600), client, fault.url, body_size_limit=16 << 20).scrape(NOW)
+    assert not status.up and status.last_error is not None
+    assert status.last_error.startswith("parse error: line 1: duplicate label name 'llll")
+    assert len(status.last_error) < 1024

@@ -143,7 +143,7 @@ def parse_series(raw: str) -> tuple[str, dict[str, str]]:
         label, value = m.groups()
         if label in labels or label == "__name__":
             what = "reserved" if label == "__name__" else "duplicate"
-            raise ExpositionError(0, f"{what} label name {label!r}: {_clip(raw)}")
+            raise ExpositionError(0, f"{what} label name {_clip(label)}: {_clip(raw)}")
         if "\\" in value:
             value = _ESCAPE_RE.sub(lambda e: _ESCAPES[e.group()], value)
         labels[label] = value

@@ -13,17 +13,19 @@ from urllib.parse import urlsplit
 import httpx
 
 from .config import Config, TargetConfig
+from .logs import Recurring
 from .rulefiles import RuleGroup, StoreNeeds, store_needs
 from .scrapelog import ScrapeLog
 from .sources.gpu import GpuCollector
 from .sources.probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
-from .sources.scrape import ScrapeTarget
+from .sources.scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
 from .store import SampleStore, make_labels
 
 log = logging.getLogger(__name__)
 
 ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 GC_SLACK = 30.0  # seconds of history kept beyond what rules need, so gc can run lazily
+SUMMARY_EVERY = 300.0  # seconds between summaries of a failure that goes on (one line per scrape otherwise)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Monitor:
         keep_all: bool = False,
         monotonic: Callable[[], float] = time.perf_counter,
         recorder: ScrapeLog | None = None,
+        warnings: Recurring | None = None,
     ) -> None:
         # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
         # so a single shared pool costs O(targets) per scrape.
@@ -65,6 +68,8 @@ class Monitor:
         self.monotonic = monotonic
         self.keep_all = keep_all
         self.recorder = recorder  # `run --record`: every scrape and probe, for `replay`
+        # Failed scrapes and probes: a line when they start or change, then a summary every few minutes.
+        self.warnings = warnings or Recurring(log, SUMMARY_EVERY, monotonic)
         self.store = SampleStore(retention=0.0)
         self.gpu = gpu
         self.targets: dict[str, TargetRuntime] = {}
@@ -94,6 +99,8 @@ class Monitor:
             self.targets[tc.name] = self._build_target(config, tc, keep)
         for gone in old.values():
             self._retire(gone.scrape, now)
+            for kind in ("scrape", "health", "canary", "bounds"):
+                self.warnings.forget((kind, gone.config.name))
         if self.dcgm is not None and (self.config.gpus != config.gpus or not same_scrape):
             self._retire(self.dcgm, now)
             self.dcgm = None
@@ -161,10 +168,11 @@ class Monitor:
     def _record_probe(self, rt: TargetRuntime, st: ProbeStatus, kind: str, now: float) -> None:
         """Log a failed probe and store its outcome and latency as samples of the target."""
         ok_name, latency_name = PROBE_SERIES[kind]
-        if not st.ok:
-            log.warning(
-                "probe failed", extra={"target": rt.config.name, "probe": ok_name, "error": st.last_error}
-            )
+        key, extra = (kind, rt.config.name), {"target": rt.config.name, "probe": ok_name}
+        if st.ok:
+            self.warnings.recovered(key, "probe recovered", extra)
+        else:
+            self.warnings.failed(key, st.last_error, "probe failed", {**extra, "error": st.last_error})
         if self.recorder is not None:
             self.recorder.record_probe(
                 t=now,
@@ -185,9 +193,7 @@ class Monitor:
         rt = self.targets.get(name)
         if rt is None:
             return
-        status = await rt.scrape.scrape(now)
-        if not status.up:
-            log.warning("scrape failed", extra={"target": name, "error": status.last_error})
+        self._report(name, await rt.scrape.scrape(now), {"target": name})
 
     async def probe_health(self, name: str, now: float) -> None:
         """Probe one target's /health and record it as samples."""
@@ -208,9 +214,23 @@ class Monitor:
     async def scrape_dcgm(self, now: float) -> None:
         """Scrape the dcgm-exporter, if configured."""
         if self.dcgm is not None:
-            status = await self.dcgm.scrape(now)
-            if not status.up:
-                log.warning("dcgm scrape failed", extra={"error": status.last_error})
+            self._report(None, await self.dcgm.scrape(now), {"job": "dcgm"})
+
+    def _report(self, target: str | None, status: ScrapeStatus, extra: dict[str, str]) -> None:
+        """Log a failed scrape, or samples out of bounds, when that starts or changes, not at every scrape.
+
+        `target` None is the dcgm-exporter."""
+        key, bounds = ("scrape", target), ("bounds", target)
+        if status.up:
+            self.warnings.recovered(key, "scrape recovered", extra)
+        else:
+            error = {**extra, "kind": status.error_kind, "error": status.last_error}
+            self.warnings.failed(key, status.error_kind, "scrape failed", error)
+        if status.up and status.out_of_bounds:
+            n = status.out_of_bounds
+            self.warnings.failed(bounds, "out_of_bounds", OUT_OF_BOUNDS, {**extra, "num_dropped": n})
+        else:
+            self.warnings.recovered(bounds, "no more samples out of bounds", extra)
 
     async def collect_gpus(self, now: float) -> None:
         """Read NVML in a worker thread (its calls block) and store the samples."""

@@ -124,6 +124,11 @@ class WatchdogCollector(Collector):
         count = GaugeMetricFamily(
             "vllm_watchdog_scrape_samples", "Samples read by the last scrape.", labels=labels
         )
+        out_of_bounds = CounterMetricFamily(
+            "vllm_watchdog_scrape_samples_out_of_bounds",
+            "Samples dropped for a timestamp over 1h old or 10m ahead (as Prometheus drops them).",
+            labels=labels,
+        )
         scrapers = [rt.scrape for rt in m.targets.values()] + ([m.dcgm] if m.dcgm else [])
         for s in scrapers:
             key = [s.job, s.instance]
@@ -134,7 +139,8 @@ class WatchdogCollector(Collector):
                 errors.add_metric([*key, kind], n)
             duration.add_metric(key, st.last_duration)
             count.add_metric(key, st.samples)
-        yield from (up, total, errors, duration, count)
+            out_of_bounds.add_metric(key, st.out_of_bounds_total)
+        yield from (up, total, errors, duration, count, out_of_bounds)
 
     def _probes(self, m: Monitor) -> Iterator[Metric]:
         labels = ["job", "instance"]

@@ -13,10 +13,18 @@ import httpx
 
 from ..errors import SampleLimitError, ScrapeError
 from ..exposition import ExpositionError, find_line, iter_samples, parse_series
+from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
 
 _SKIP = Series(())  # cached for series that the rules do not need
+# A sample's own timestamp must lie within these bounds of the scrape time, as Prometheus accepts it: at most
+# 10 minutes ahead (scrape.go's maxAheadTime) and at most 1 hour behind (the TSDB head's minimum valid time,
+# half a 2 h block behind its newest sample). Outside them it is dropped and counted: one far-future sample
+# stored would make every later sample of its series out of order, freezing the series.
+MAX_AHEAD_MS = 10 * 60 * 1000
+MAX_BEHIND_MS = 60 * 60 * 1000
+OUT_OF_BOUNDS = "error on ingesting samples that are too old or are too far into the future"
 _HEADERS = {
     "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
     # Identity keeps CPU low on loopback and rules out decompression bombs.
@@ -54,10 +62,13 @@ class ScrapeStatus:
     last_scrape: float | None = None
     last_duration: float = 0.0
     last_error: str | None = None
+    error_kind: str | None = None  # ScrapeError.kind of the last failure; None when the last scrape worked
     samples: int = 0
     scrapes: int = 0
     failures: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    out_of_bounds: int = 0  # samples of the last scrape dropped for their timestamp
+    out_of_bounds_total: int = 0
 
 
 class ScrapeTarget:
@@ -151,20 +162,25 @@ class ScrapeTarget:
         if len(cache) > 4 * self.sample_limit:
             cache.clear()  # a target churning label values must not grow the cache without bound
         batch: list[tuple[Series, float, int]] = []
-        count = 0
+        count = dropped = 0
         raw = ""
+        lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
         try:
             self._check_limit(text)
             for count, (raw, value, ts) in enumerate(iter_samples(text), 1):  # noqa: B007
                 series = cache.get(raw)
                 if series is None:
                     series = cache[raw] = self._series_for(raw)
-                if series is not _SKIP:
+                if ts is not None and not lowest <= ts <= highest:
+                    dropped += 1
+                elif series is not _SKIP:
                     batch.append((series, value, t_ms if ts is None else ts))
         except ExpositionError as exc:
             line = exc.line or find_line(text, raw)  # parse_series does not know the line
             raise ScrapeError(f"parse error: line {line}: {exc.message}", "parse") from exc
         self.exposure.commit(batch, t_ms)
+        self.status.out_of_bounds = dropped
+        self.status.out_of_bounds_total += dropped
         return count
 
     def _check_limit(self, text: str) -> None:
@@ -206,7 +222,7 @@ class ScrapeTarget:
                 instance=self.instance,
                 labels=self.extra_labels,
                 body=text,
-                error=None if error is None else str(error),
+                error=None if error is None else bound(str(error)),
                 kind="connection" if error is None else error.kind,
                 duration=status.last_duration,
             )
@@ -223,10 +239,13 @@ class ScrapeTarget:
             if error is not None:
                 raise error
             status.samples = self.ingest(text or "", t_ms)
-            status.up, status.last_error = True, None
+            status.up, status.last_error, status.error_kind = True, None, None
+            if status.out_of_bounds:  # up stays 1, as in Prometheus, but the status says what was lost
+                status.last_error = f"{OUT_OF_BOUNDS}: {status.out_of_bounds} dropped"
         except ScrapeError as exc:
             status.errors_by_kind[exc.kind] = status.errors_by_kind.get(exc.kind, 0) + 1
-            status.up, status.last_error, status.samples = False, str(exc), 0
+            status.up, status.last_error, status.samples = False, bound(str(exc)), 0
+            status.error_kind, status.out_of_bounds = exc.kind, 0
             status.failures += 1
             self.exposure.stale_all(t_ms)
         status.last_duration = elapsed()
