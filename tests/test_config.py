@@ -257,3 +257,17 @@ def test_quoted_values_are_clipped() -> None:
     assert problem.message.startswith("must be an integer, got '9x9x")
     assert problem.message.endswith("…(200000 characters)")
     assert len(problem.message) < 200
+
+
+def test_check_masks_url_passwords_in_rule_file_problems(tmp_path: Path) -> None:
+    rules = tmp_path / "r.yml"
+    rules.write_text("groups: [{name: g, rules: [{record: 'http://u:rule-file-pw-123@h', expr: up}]}]\n")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"rule_files: [{rules}]\n")
+    out = check(cfg)
+    assert out.returncode == 1
+    assert "rule-file-pw-123" not in out.stderr
+    assert (
+        f"{rules}:1: groups[0].rules[0].record: invalid recording rule name: http://u:<redacted>@h"
+        in out.stderr
+    )

@@ -23,6 +23,7 @@ from .promql.compile import compile_expr
 from .promql.engine import Engine
 from .promql.remote import backend_for
 from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+from .redact import Redactor
 from .replay import print_transitions, run_replay, summary
 from .rulefiles import RuleGroup
 from .ruletest import run_rule_tests
@@ -34,8 +35,11 @@ CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 1
 
 
 def _print_problems(exc: ConfigError) -> None:
-    for problem in exc.problems:
-        print(problem, file=sys.stderr)
+    # The shapes the log masks (URL passwords, `--api-key X`) in rule-file problems too; values substituted
+    # into secret fields are masked in config problems already (config._masked).
+    red = Redactor()
+    for p in exc.problems:
+        print(f"{p.file}:{p.line}: {red.text(p.field)}: {red.text(p.message)}", file=sys.stderr)
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | None:
