@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .apijson import JSONAnswer
 from .controlapi import (
     BadRequest,
     ControlGuard,
@@ -64,14 +65,14 @@ def build_app(
         return redactors.get(get_monitor().config)
 
     def answer(data: Any) -> JSONResponse:
-        return JSONResponse(redactor().value(data))
+        return JSONAnswer(redactor().value(data))
 
     async def metrics(request: Request) -> Response:
         return Response(redactor().bytes(generate_latest(registry)), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         if is_healthy():
-            return JSONResponse({"status": "ok"})
+            return JSONAnswer({"status": "ok"})
         return error_response(503, "scheduler is not running")
 
     async def targets(request: Request) -> Response:
@@ -128,7 +129,7 @@ def build_app(
             }
             for s in found
         ]
-        return JSONResponse({"status": "success", "data": data})
+        return JSONAnswer({"status": "success", "data": data})
 
     async def alerts(request: Request) -> Response:
         return answer(get_evaluation().manager.alerts_json())
@@ -140,8 +141,8 @@ def build_app(
         await request.body()  # none is expected; reading it enforces the limit on a chunked one
         ok, problems = await reload()
         if ok:
-            return JSONResponse({"status": "success"})
-        return JSONResponse({"status": "error", "errors": redactor().value(problems)}, status_code=422)
+            return JSONAnswer({"status": "success"})
+        return JSONAnswer({"status": "error", "errors": redactor().value(problems)}, status_code=422)
 
     return Starlette(
         middleware=[

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -23,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .actionconfig import make_matcher, parse_matcher
 from .alerting import OutgoingAlert
+from .apijson import JSONAnswer, parse
 from .durations import parse_duration
 from .gateway.control import GatewayControl
 from .redact import Redactor
@@ -30,6 +30,9 @@ from .remediation import Remediator
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
 MANUAL_WAIT_LIMIT = 3600.0
+# Each alert of a webhook is routed at once, in the event loop: beyond this the webhook is refused (413).
+MAX_INBOUND_ALERTS = 1000
+MAX_HISTORY = 10_000  # rows of GET /api/v1/actions?limit=
 READ_METHODS = frozenset({"GET", "HEAD"})  # the only methods that need no token
 DRAIN_BYTES = 2 * MAX_BODY  # read and dropped before a refusal, so that the client reads it (then: close)
 DRAIN_SECONDS = 2.0
@@ -45,7 +48,7 @@ class BodyTooLarge(ValueError):
 
 def error_response(status: int, message: str, **headers: str) -> JSONResponse:
     """The JSON error body every endpoint of the own API answers with."""
-    return JSONResponse({"status": "error", "error": message}, status_code=status, headers=headers)
+    return JSONAnswer({"status": "error", "error": message}, status_code=status, headers=headers)
 
 
 def _digest(text: str) -> bytes:
@@ -157,12 +160,26 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
+        data = parse(raw)  # bounded depth, valid Unicode in every string
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     return data
+
+
+def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter within [low, high]; BadRequest (400) naming it otherwise."""
+    given = request.query_params.get(name)
+    if given is None:
+        return default
+    try:
+        value = int(given, 10)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadRequest(f"{name}: must be an integer from {low} to {high}, not {given[:40]!r}")
+    return value
 
 
 def _string(data: dict[str, Any], key: str, where: str = "", default: str | None = None) -> str:
@@ -221,7 +238,9 @@ def inbound_alerts(data: dict[str, Any], now: float) -> list[OutgoingAlert]:
                 url if isinstance(url, str) else "",
             )
         )
-    return out
+    # One label set is one alert (Alertmanager's fingerprint): a repeat in one batch is routed once, the last.
+    unique = {tuple(sorted(a.labels.items())): a for a in out}
+    return list(unique.values())
 
 
 def _silence_matchers(value: object) -> list[dict[str, str]]:
@@ -259,24 +278,21 @@ def control_routes(
     """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
 
     def answer(data: Any, status_code: int = 200) -> JSONResponse:
-        return JSONResponse(get_redactor().value(data), status_code=status_code)
+        return JSONAnswer(get_redactor().value(data), status_code=status_code)
 
     async def actions(request: Request) -> Response:
-        try:
-            limit = min(int(request.query_params.get("limit", "100")), 10_000)
-        except ValueError:
-            return error_response(400, "limit: must be an integer")
+        limit = query_int(request, "limit", 100, 1, MAX_HISTORY)
         return answer(get_remediator().status_json(clock(), limit=limit))
 
     async def pause(request: Request) -> Response:
         body = await _body(request)
         reason = _string(body, "reason", default="maintenance")
         get_remediator().store.set_paused(True, reason, clock())
-        return JSONResponse({"status": "success", "paused": True, "reason": reason})
+        return JSONAnswer({"status": "success", "paused": True, "reason": reason})
 
     async def resume(request: Request) -> Response:
         get_remediator().store.set_paused(False, "", clock())
-        return JSONResponse({"status": "success", "paused": False})
+        return JSONAnswer({"status": "success", "paused": False})
 
     async def add_silence(request: Request) -> Response:
         body = await _body(request)
@@ -300,7 +316,7 @@ def control_routes(
             _string(body, "createdBy", default="api"),
             now,
         )
-        return JSONResponse({"status": "success", "silenceID": sid})
+        return JSONAnswer({"status": "success", "silenceID": sid})
 
     async def list_silences(request: Request) -> Response:
         silences = get_remediator().store.silences(clock(), active_only=False)
@@ -309,7 +325,7 @@ def control_routes(
     async def expire_silence(request: Request) -> Response:
         if not get_remediator().store.expire_silence(request.path_params["sid"], clock()):
             return error_response(404, "no such active silence")
-        return JSONResponse({"status": "success"})
+        return JSONAnswer({"status": "success"})
 
     async def run(request: Request) -> Response:
         body = await _body(request)
@@ -321,14 +337,22 @@ def control_routes(
         except ValueError as exc:
             return error_response(404, str(exc))
         if not body.get("wait", False) or job.done is None:
-            return JSONResponse({"status": "success", "queued": True}, status_code=202)
+            return JSONAnswer({"status": "success", "queued": True}, status_code=202)
         result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
         return answer({"status": "success", "result": result})
 
     async def inbound(request: Request) -> Response:
-        alerts = inbound_alerts(await _body(request), clock())
+        body = await _body(request)
+        given = body.get("alerts")
+        if isinstance(given, list) and len(given) > MAX_INBOUND_ALERTS:
+            message = (
+                f"alerts: {len(given)} alerts in one webhook, at most {MAX_INBOUND_ALERTS}"
+                " (set max_alerts in the Alertmanager's webhook_config)"
+            )
+            return error_response(413, message)
+        alerts = inbound_alerts(body, clock())
         queued = get_remediator().handle(alerts, clock(), trigger="inbound")
-        return JSONResponse({"status": "success", "alerts": len(alerts), "queued": queued})
+        return JSONAnswer({"status": "success", "alerts": len(alerts), "queued": queued})
 
     async def gateway_status(request: Request) -> Response:
         gw = get_gateway()
@@ -353,14 +377,14 @@ def control_routes(
             raise BadRequest("duration: must be greater than 0")
         reason = _string(body, "reason", default="opened by an operator")
         await gw.open_breaker(session, duration, reason)
-        return JSONResponse({"status": "success", "session": session, "seconds": duration})
+        return JSONAnswer({"status": "success", "session": session, "seconds": duration})
 
     async def close_breaker(request: Request) -> Response:
         gw = get_gateway()
         if gw is None:
             return error_response(404, "no gateway configured")
         await gw.close_breaker(request.path_params["session"])
-        return JSONResponse({"status": "success"})
+        return JSONAnswer({"status": "success"})
 
     return [
         Route("/api/v1/gateway", gateway_status),
