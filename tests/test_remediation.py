@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
+from vllm_watchdog.actions.audit import Job
 from vllm_watchdog.actions.power import PowerLimiter
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.alerting import OutgoingAlert
 from vllm_watchdog.config import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
-from vllm_watchdog.remediation import Remediator
+from vllm_watchdog.remediation import MAX_QUEUED, QUEUE_RAIL, Remediator
 
 from fake_nvml import FakeNvml
 
@@ -448,3 +449,18 @@ async def test_a_crash_loop_stops_the_action_and_alerts() -> None:
     ]  # repeats logged once
     assert "crash loop" in r.store.history()[0].reason
     assert any(a.labels["alertname"] == "VLLMWatchdogCrashLoop" and a.state == "firing" for a in hub.sent)
+
+
+async def test_a_target_queues_at_most_max_queued_jobs_and_skips_the_rest_on_an_audited_rail() -> None:
+    r, *_ = make()
+    restart, target = r.config.actions["restart"], r.config.targets[0]
+    distinct = [
+        Job(replace(restart, name=f"restart-{i}"), target, {}, "inbound") for i in range(MAX_QUEUED + 36)
+    ]
+    queued = [r.enqueue(job) for job in distinct]  # all before the worker first runs
+    assert sum(queued) == MAX_QUEUED and len(r.queues["vllm-0"]) == MAX_QUEUED
+    skipped = [rec for rec in r.store.history(limit=1000) if rec.outcome == "skipped"]
+    assert len(skipped) == 36 and all(QUEUE_RAIL in rec.reason for rec in skipped)
+    assert sum(n for (_, _, outcome), n in r.audit.counts.items() if outcome == "skipped") == 36
+    r.queues["vllm-0"].clear()  # the queued ones are not what this test runs
+    await settle(r)

@@ -31,6 +31,10 @@ from .watchdogalerts import WatchdogAlerts
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
 STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
+# Jobs waiting per target; past this a new one is skipped on the queue_full rail (audited, counted), not
+# queued: 8,500 distinct sessions in one webhook queued 8,500 jobs and kept the loop busy for 48 s.
+MAX_QUEUED = 64
+QUEUE_RAIL = "queue_full"
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 # Process mode: a child that died on its own is started again, under the same rails as any restart.
 RESPAWN = ActionConfig(
@@ -145,7 +149,8 @@ class Remediator:
         return job
 
     def enqueue(self, job: Job) -> int:
-        """Queue a job on its target's worker, merged with an equal one already waiting or running."""
+        """Queue a job on its target's worker, merged with an equal one already waiting or running, or skipped
+        (queue_full) when MAX_QUEUED already wait."""
         name = job.target.name
         queue = self.queues.setdefault(name, deque())
         running = self.current.get(name)
@@ -157,6 +162,12 @@ class Remediator:
                 job.done.set_result(
                     {"outcome": "merged", "reason": "the same action is already queued or running"}
                 )
+            return 0
+        if len(queue) >= MAX_QUEUED:
+            reason = f"{QUEUE_RAIL}: {len(queue)} actions already wait for {name} (at most {MAX_QUEUED})"
+            result = self._skip(job, Verdict(False, reason, QUEUE_RAIL), self.clock())
+            if job.done is not None and not job.done.done():
+                job.done.set_result(result)
             return 0
         queue.append(job)
         worker = self.workers.get(name)
