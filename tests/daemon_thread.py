@@ -23,11 +23,12 @@ def raise_nofile() -> None:
 class DaemonThread:
     """A daemon with one (unreachable) target and no gateway, serving its API on 127.0.0.1:`port`."""
 
-    def __init__(self, tmp: Path, limits: ListenerLimits) -> None:
+    def __init__(self, tmp: Path, limits: ListenerLimits, token: str | None = None) -> None:
         self.port = free_port()
         cfg = tmp / "watchdog.yml"
         cfg.write_text(
-            f"listen: 127.0.0.1:{self.port}\nstate_dir: {tmp / 'state'}\ndry_run: true\n"
+            (f"api_token: {token}\n" if token else "")
+            + f"listen: 127.0.0.1:{self.port}\nstate_dir: {tmp / 'state'}\ndry_run: true\n"
             f"targets:\n  - {{name: vllm-0, url: 'http://127.0.0.1:{free_port()}', canary: false}}\n"
         )
         self.daemon = Daemon(str(cfg), env={}, api_limits=limits)

@@ -31,6 +31,7 @@ from gateway_upstream import Seen, Upstream, response_head
 from vllm_server import free_port
 
 COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}
+TOKEN = "hostile-test-token"
 MiB = 1024 * 1024
 
 
@@ -67,8 +68,9 @@ def gateway(upstream: Upstream) -> Iterator[Callable[..., GatewayServer]]:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[DaemonThread]:
-    """A real daemon whose API has a 1 s header deadline and a cap of 64 connections."""
-    with DaemonThread(tmp_path, ListenerLimits(max_connections=64, header_timeout=1.0)) as d:
+    """A real daemon whose API has a 1 s header and body deadline and a cap of 64 connections."""
+    limits = ListenerLimits(max_connections=64, header_timeout=1.0, body_timeout=1.0)
+    with DaemonThread(tmp_path, limits, token=TOKEN) as d:
         yield d
 
 
@@ -264,6 +266,15 @@ def test_header_trickling_gets_408_and_the_connection_closed_on_both_listeners(
     assert snapshot(gw).proxy.refused_total["header_timeout"] == 1
     assert api.daemon.api_listener.refused["header_timeout"] == 1
     assert upstream.seen == []
+
+
+def test_a_slow_body_on_the_api_gets_408_and_the_connection_closed(api: DaemonThread) -> None:
+    head = b"POST /api/v1/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % TOKEN.encode()
+    started = time.monotonic()
+    raw = exchange(api.port, head + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    assert time.monotonic() - started < 5
+    assert json_refusal(raw, 408)["reason"] == "body_timeout"
+    assert api.daemon.api_listener.refused == {"body_timeout": 1}
 
 
 def test_api_connection_cap_keeps_the_api_answering(api: DaemonThread) -> None:

@@ -5,7 +5,8 @@ uvicorn has no header deadline, no header size limit and only a request-or-conne
 hostile clients needs, as a wrapper around uvicorn's protocol (`uvicorn.Config(http=listener.protocol())`):
 
 * a header deadline: a request's headers must arrive within `header_timeout` of its first byte (or of the
-  connection's start), else 408 and close (slowloris);
+  connection's start), else 408 and close (slowloris); and, where the application has none of its own, a
+  body deadline: the rest of the request within `body_timeout` of its headers;
 * a header size limit: more than `max_header_bytes` before the end of the headers is answered 431, a request
   line over `max_request_line` 414, both before the HTTP parser buffers more;
 * a connection cap, bounded by the file-descriptor limit: at the cap a new connection first closes the
@@ -43,6 +44,7 @@ class ListenerLimits:
 
     max_connections: int = 1024  # further bounded by fd_share of the file-descriptor limit
     header_timeout: float = 10.0  # from connect, or a request's first byte, to the end of its headers
+    body_timeout: float | None = 30.0  # from the end of the headers to the end of the body; None: the app's
     max_header_bytes: int = 64 * KiB  # request line and headers together
     max_request_line: int = 8 * KiB  # method, target and version
     fd_share: float = 0.25  # at most this share of RLIMIT_NOFILE's soft limit is spent on connections
@@ -130,6 +132,7 @@ class BoundedProtocol(asyncio.Protocol):
         self.listener = listener
         self._limits = listener.limits
         self._timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._head = 0  # bytes of the current request head received so far
         self._tail = b""  # its last bytes, to find a terminator split across reads
@@ -183,11 +186,20 @@ class BoundedProtocol(asyncio.Protocol):
         inner = self.inner
         before = getattr(inner, "cycle", None)
         inner.data_received(data)
-        if getattr(inner, "cycle", None) is not before:
+        cycle: Any = getattr(inner, "cycle", None)
+        if cycle is not before and cycle is not None:
             self._head, self._tail, self._line_done = 0, b"", False
             self._stop_timer()
+            pipelined = getattr(inner, "pipeline", None)  # its body is read after the responses before it
+            if cycle.more_body and self._limits.body_timeout is not None and not pipelined:
+                self._body_timer = asyncio.get_running_loop().call_later(
+                    self._limits.body_timeout, self._expire_body, cycle
+                )
         elif self._timer is None and self._between_requests():
             self._start_timer()
+        if self._body_timer is not None and (cycle is None or not cycle.more_body):
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _measure(self, data: bytes) -> bytes | None:
         """Add `data` to the current head; the refusal to send if it goes over a limit."""
@@ -243,6 +255,23 @@ class BoundedProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _expire_body(self, cycle: Any) -> None:
+        self._body_timer = None
+        transport = self._transport
+        current: Any = getattr(self.inner, "cycle", None)
+        if transport is None or transport.is_closing() or current is not cycle:
+            return
+        if cycle.more_body and not cycle.response_started:
+            message = "The request body did not arrive in time."
+            refusal = self.listener.refusal(408, "body_timeout", message)
+            self._stop_timer()
+            self.listener.discard(self)
+            transport.write(refusal)
+            transport.close()
 
     def _expire(self) -> None:
         self._timer = None

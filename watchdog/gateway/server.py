@@ -127,7 +127,10 @@ class GatewayServer:
         # Connections are capped here, apart from requests: admission (the Gate) is the only request budget.
         self.listener = Listener(
             ListenerLimits(
-                max_connections=config.max_connections, header_timeout=config.client_timeout, fd_share=0.5
+                max_connections=config.max_connections,
+                header_timeout=config.client_timeout,
+                body_timeout=None,  # the proxy's own deadline (client_timeout) answers a slow body
+                fd_share=0.5,
             ),
             self.proxy.refusal_body,
             self.proxy.count_refusal,
