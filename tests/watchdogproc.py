@@ -35,7 +35,7 @@ def poll(url: str, pred: Callable[[Any], bool], limit: float, what: str, log: Pa
             last = httpx.get(url, timeout=5).json()
             if pred(last):
                 return last
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):  # not up yet, or an error document
             pass
         time.sleep(0.3)
     raise AssertionError(f"{what} not within {limit}s; last: {last}; watchdog log: {log.read_text()[-3000:]}")

@@ -37,11 +37,13 @@ class CommandRefused(Exception):
     """The gateway answered, and refused the command (its message says why)."""
 
 
-def default_socket_path(state_dir: str | None, target: str) -> str:
+def default_socket_path(state_dir: str | None, target: str, listen: str) -> str:
     """Where the control socket lives when the config does not say: the runtime directory systemd gives us
-    (or /tmp), in a directory of our own, named by the state directory and target so that two watchdogs on
-    one host never meet. In /tmp when that would be too long for a Unix socket (107 bytes)."""
-    key = hashlib.sha256(f"{os.path.abspath(state_dir or '')}\0{target}".encode()).hexdigest()[:12]
+    (or /tmp), in a directory of our own, named by the state directory, target and listen address (which
+    only one process on the host can hold), so that two watchdogs on one host never meet. In /tmp when that
+    would be too long for a Unix socket (107 bytes)."""
+    text = f"{os.path.abspath(state_dir or '')}\0{target}\0{listen}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
     name = os.path.join(f"vllm-watchdog-{os.getuid()}", f"gateway-{key}.sock")
     env = os.environ
     base = env.get("RUNTIME_DIRECTORY", "").split(":")[0] or env.get("XDG_RUNTIME_DIR") or "/tmp"
@@ -116,7 +118,7 @@ class ControlServer:
                     line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
                 except (asyncio.TimeoutError, ValueError, ConnectionError):  # ValueError: a line over the cap
                     return
-                except asyncio.CancelledError:  # shutting down: end quietly (asyncio logs a cancelled handler)
+                except asyncio.CancelledError:  # shutting down: end quietly (asyncio logs cancelled ones)
                     return
                 if not line:
                     return

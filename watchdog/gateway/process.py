@@ -39,6 +39,14 @@ EXIT_CANNOT_LISTEN = 3
 LEASE_CHECK = 1.0
 
 
+class StaleGateway(Exception):
+    """The gateway on our socket serves another target, address or upstream than the config says."""
+
+    def __init__(self, message: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
 @dataclass(frozen=True)
 class GatewaySpec:
     """Everything a gateway process needs: its config, control socket and lease (sent as JSON on stdin)."""
@@ -100,7 +108,8 @@ async def _control(server: GatewayServer, spec: GatewaySpec, notifier: Notifier)
 
 def spec_for(gateway: GatewayConfig, state_dir: str | None) -> GatewaySpec:
     """The spec of the gateway a config describes (the same whoever starts it: daemon, systemd, compose)."""
-    socket_path = gateway.control_socket or default_socket_path(state_dir, gateway.target)
+    listen = f"{gateway.listen_host}:{gateway.listen_port}"
+    socket_path = gateway.control_socket or default_socket_path(state_dir, gateway.target, listen)
     return GatewaySpec(gateway, socket_path, gateway.control_lease)
 
 
@@ -171,22 +180,50 @@ class GatewayProcess:
     async def attach(self) -> dict[str, Any]:
         """Reach the gateway: adopt a running one, else start one (supervised); returns its hello.
         OSError if it cannot be started or cannot listen."""
-        with contextlib.suppress(ChannelError):
+        try:
             return await self._hello()
+        except ChannelError:
+            pass
+        except StaleGateway as exc:
+            if not self.supervise:
+                raise OSError(str(exc)) from None
+            # Ours (same state_dir, target and listen address), started before a config change: replace it.
+            log.warning("stopping a gateway that serves an old config", extra={"why": str(exc)})
+            await self._retire(exc.pid)
         if not self.supervise:  # systemd or compose starts it, and may not have yet
             raise OSError(f"no gateway answers on {self.spec.control_socket}")
         return await self._start()
+
+    async def _retire(self, pid: int | None) -> None:
+        await self.client.aclose()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = self._monotonic() + STOP_GRACE + 5.0
+        while self._monotonic() < deadline:  # not our child: no event to wait on
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     async def _hello(self) -> dict[str, Any]:
         hello = await self.client.request("hello", timeout=2.0)
         if not isinstance(hello, dict):
             raise ChannelError("bad hello")
-        if hello.get("target") != self.spec.gateway.target:
-            raise OSError(
-                f"the gateway on {self.spec.control_socket} serves {hello.get('target')!r}, "
-                f"not {self.spec.gateway.target!r}"
-            )
+        config = self.spec.gateway
+        ours = (config.target, f"{config.listen_host}:{config.listen_port}", config.upstream)
+        theirs = (hello.get("target"), hello.get("listen"), hello.get("upstream"))
         pid = hello.get("pid")
+        if theirs != ours:
+            raise StaleGateway(
+                f"the gateway on {self.spec.control_socket} serves {theirs[0]!r} on {theirs[1]} for "
+                f"{theirs[2]}, not {ours[0]!r} on {ours[1]} for {ours[2]}",
+                pid if isinstance(pid, int) else None,
+            )
         self.pid = pid if isinstance(pid, int) else self.pid
         return hello
 
@@ -244,11 +281,11 @@ class GatewayProcess:
 
     async def revive(self) -> dict[str, Any] | None:
         """After a failed command: start a new gateway if the old one is gone (supervised), or find the one
-        another supervisor started; its hello, or None if there is none (yet) or the old one lives on (slow)."""
+        another supervisor started; its hello, or None if there is none (yet) or the old one lives (slow)."""
         if not self.supervise:
             try:
                 return await self._hello()
-            except ChannelError:
+            except (ChannelError, StaleGateway):
                 return None
         if self.alive():
             return None
