@@ -137,8 +137,12 @@ def _gateway(b: Board) -> None:
     codes = [
         q(rate("vllm_watchdog_gateway_responses_total", W, "target, code"), "{{target}} HTTP {{code}}"),
         q(rate("vllm_watchdog_gateway_upstream_errors_total", W, "target, kind"), "{{target}} {{kind}}"),
+        q(rate("vllm_watchdog_gateway_upstream_backoffs_total", W, "target"), "{{target}} cap cut on a 503"),
     ]
-    desc = "Responses by status code, and forwarding failures by kind."
+    desc = (
+        "Responses by status code, forwarding failures by kind, and how often the gateway lowered its cap "
+        "because vLLM answered 503 (its own admission limits)."
+    )
     b.add(series("Responses/s and upstream errors", desc, codes, "reqps"), 8)
     oldest = [q(f"max by (target) (vllm_watchdog_gateway_oldest_in_flight_seconds{{{W}}})", "{{target}}")]
     desc = "Age of the oldest forwarded request: a hung engine shows here while /health is still 200."

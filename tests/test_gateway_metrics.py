@@ -51,6 +51,7 @@ def snapshot(target: str = "llama", sessions: tuple[SessionStats, ...] = ()) -> 
         refused_total={"admin_path": 3, "header_too_large": 1},
         connections=9,
         connections_evicted_total=4,
+        upstream_backoffs_total=6,
     )
     return GatewaySnapshot(target=target, gate=gate, proxy=proxy, sessions=sessions, sessions_tracked=37)
 
@@ -108,6 +109,7 @@ def test_gate_and_proxy_series_exact() -> None:
         key("refused_total", reason="header_too_large", **t): 1,
         key("connections", **t): 9,
         key("connections_evicted_total", **t): 4,
+        key("upstream_backoffs_total", **t): 6,
         key("sessions_tracked", **t): 37,
     }
     for k, v in expected.items():
@@ -177,6 +179,7 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "client_timeouts",
         "refused",
         "connections_evicted",
+        "upstream_backoffs",
         "session_requests",
         "session_prompt_tokens",
         "session_completion_tokens",

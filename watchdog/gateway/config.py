@@ -38,6 +38,18 @@ class SessionConfig:
 
 
 @dataclass(frozen=True)
+class UpstreamBackoffConfig:
+    """The gateway's own reflex to vLLM answering 503 (its admission limits): see backoff.py."""
+
+    enabled: bool = True
+    factor: float = 0.5  # multiply the in-flight cap by this on a 503 (once per cap: see backoff.py)
+    floor: int = 1  # never below
+    quiet: float = 10.0  # seconds without a 503 before the cap climbs back
+    step: int = 1  # then this many slots more...
+    step_interval: float = 5.0  # ...every this many seconds, up to max_in_flight
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """The gateway in front of one target: where it listens, what it admits and how long things may take."""
 
@@ -62,6 +74,7 @@ class GatewayConfig:
     control_lease: float = 60.0  # drains and throttle holds lapse when the daemon is silent this long
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
+    upstream_backoff: UpstreamBackoffConfig = field(default_factory=UpstreamBackoffConfig)
 
 
 _KEYS = {
@@ -84,6 +97,7 @@ _KEYS = {
     "control_lease",
     "priority",
     "sessions",
+    "upstream_backoff",
 }
 _DURATIONS = (
     "max_queue_time",
@@ -162,6 +176,7 @@ def parse_gateway(
         values["allow_admin_paths"] = _admin_paths(m["allow_admin_paths"])
     priority = _priority(m["priority"]) if "priority" in m else d.priority
     sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
+    backoff = _upstream_backoff(m["upstream_backoff"]) if "upstream_backoff" in m else d.upstream_backoff
     if name is None:
         return None
     return GatewayConfig(
@@ -171,6 +186,7 @@ def parse_gateway(
         listen_port=listen[1] if listen else d.listen_port,
         priority=priority,
         sessions=sessions,
+        upstream_backoff=backoff,
         **values,  # type: ignore[arg-type]
     )
 
@@ -253,4 +269,32 @@ def _sessions(node: Node) -> SessionConfig:
         max_in_flight=cap,
         breaker_duration=breaker or d.breaker_duration,
         **ints,
+    )
+
+
+def _upstream_backoff(node: Node) -> UpstreamBackoffConfig:
+    d = UpstreamBackoffConfig()
+    m = node.mapping({"enabled", "factor", "floor", "quiet", "step", "step_interval"})
+    if m is None:
+        return d
+    enabled = m["enabled"].boolean() if "enabled" in m else None
+    factor = m["factor"].number() if "factor" in m else None
+    if factor is not None and not 0 < factor < 1:
+        m["factor"].error(f"must be between 0 and 1 (exclusive), got {factor:g}")
+        factor = None
+    ints = {key: m[key].integer(minimum=1) if key in m else None for key in ("floor", "step")}
+    times: dict[str, float | None] = {}
+    for key in ("quiet", "step_interval"):
+        value = m[key].parsed(parse_duration) if key in m else None
+        if value == 0:
+            m[key].error("must be greater than 0")
+            value = None
+        times[key] = value
+    return UpstreamBackoffConfig(
+        enabled=d.enabled if enabled is None else enabled,
+        factor=factor or d.factor,
+        floor=ints["floor"] or d.floor,
+        quiet=times["quiet"] or d.quiet,
+        step=ints["step"] or d.step,
+        step_interval=times["step_interval"] or d.step_interval,
     )

@@ -90,6 +90,12 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
             p.connections_evicted_total,
         ),
         _counter(
+            "upstream_backoffs",
+            "Times the gateway lowered its in-flight cap because vLLM answered 503 (its admission limits).",
+            t,
+            p.upstream_backoffs_total,
+        ),
+        _counter(
             "client_timeouts",
             "Clients cut off for not sending their request in time.",
             t,

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from .admission import Gate, Rejection, Ticket
+from .backoff import UpstreamBackoff
 from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
 from .config import GatewayConfig
 from .histogram import Histogram
@@ -171,11 +172,13 @@ class Proxy:
         gate: Gate,
         signals: SessionSignals,
         *,
+        backoff: UpstreamBackoff | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.gate = gate
         self.signals = signals
+        self.backoff = backoff
         self._monotonic = monotonic
         self._base = config.upstream.rstrip("/")
         self._host = URL(self._base).raw_authority
@@ -324,6 +327,8 @@ class Proxy:
             )
             if ticket is not None:
                 self._ttfb.observe(self._monotonic() - ticket.admitted_at)
+                if self.backoff is not None:
+                    self.backoff.observe(response.status, ticket.admitted_at)
             out: list[tuple[bytes, bytes]] = []
             drop: set[bytes] | None = None
             for name, value in response.raw_headers:
@@ -416,6 +421,7 @@ class Proxy:
             refused_total=dict(self._refused),
             connections=connections,
             connections_evicted_total=evicted,
+            upstream_backoffs_total=0 if self.backoff is None else self.backoff.decreases,
         )
 
     async def aclose(self) -> None:

@@ -21,6 +21,7 @@ except ImportError:  # uvloop is optional; asyncio's loop is slower
 
 from ..listener import Listener, ListenerLimits
 from .admission import Gate
+from .backoff import UpstreamBackoff
 from .config import GatewayConfig
 from .proxy import Proxy
 from .signals import SessionSignals
@@ -28,6 +29,7 @@ from .snapshot import GatewaySnapshot
 from .throttle import Throttle
 
 T = TypeVar("T")
+BACKOFF_TICK = 1.0  # seconds between the gateway's own throttle steps (the daemon's ticks come on top)
 
 
 class _Server(uvicorn.Server):
@@ -50,6 +52,7 @@ class GatewayServer:
     gate: Gate
     signals: SessionSignals
     throttle: Throttle
+    backoff: UpstreamBackoff
     proxy: Proxy
     listener: Listener
 
@@ -123,7 +126,8 @@ class GatewayServer:
             top_k=config.sessions.top_k, max_sessions=config.sessions.max_sessions, monotonic=monotonic
         )
         self.throttle = Throttle(self.gate, monotonic=monotonic)
-        self.proxy = Proxy(config, self.gate, self.signals, monotonic=monotonic)
+        self.backoff = UpstreamBackoff(config.upstream_backoff, self.throttle, monotonic=monotonic)
+        self.proxy = Proxy(config, self.gate, self.signals, backoff=self.backoff, monotonic=monotonic)
         # Connections are capped here, apart from requests: admission (the Gate) is the only request budget.
         self.listener = Listener(
             ListenerLimits(
@@ -155,10 +159,18 @@ class GatewayServer:
                 timeout_keep_alive=math.ceil(config.keepalive_timeout),
             ),
         )
+        ticker = asyncio.create_task(self._tick_backoff())
         try:
             await server.serve(sockets=[sock])
         finally:
+            ticker.cancel()
             await self.proxy.aclose()
+
+    async def _tick_backoff(self) -> None:
+        """The gateway's own clock for its reflex to vLLM's 503s: runs with or without a daemon."""
+        while True:
+            await asyncio.sleep(BACKOFF_TICK)
+            self.backoff.tick()
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight requests finish for up to `grace` seconds, then join the thread."""
@@ -213,3 +225,4 @@ class GatewayServer:
         client timeout take effect now; the listen address, the upstream and its timeouts need a restart."""
         self.gate.apply(config)
         self.proxy.apply(config)
+        self.backoff.apply(config.upstream_backoff)

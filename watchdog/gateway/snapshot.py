@@ -81,6 +81,7 @@ class ProxySnapshot:
     refused_total: Mapping[str, int] = field(default_factory=dict)  # reason -> the gateway's own refusals
     connections: int = 0  # open client connections
     connections_evicted_total: int = 0  # idle connections closed to make room at max_connections
+    upstream_backoffs_total: int = 0  # times the in-flight cap was lowered because vLLM answered 503
 
 
 @dataclass(frozen=True)
