@@ -89,6 +89,27 @@ def _scheduler(b: Board) -> None:
     b.add(series("Preemptions/s", desc, pre), 6)
 
 
+def _admission(b: Board) -> None:
+    b.row("Admission (vLLM's own queue limits and why requests wait)")
+    rej = [q(rate("vllm:admission_rejections_total", S, "instance, reason"), "{{reason}} {{instance}}")]
+    desc = (
+        "Requests vLLM refused with 503 at its own limits (--max-num-queued-reqs, --max-num-queued-tokens); "
+        "0 without them. The gateway lowers its cap on each (vllm_watchdog_gateway_upstream_backoffs_total)."
+    )
+    b.add(series("Admission rejections/s", desc, rej, "reqps"), 12)
+    waiting = [
+        q(
+            f"sum by (instance, reason) (vllm:num_requests_waiting_by_reason{{{S}}})",
+            "{{reason}} {{instance}}",
+        )
+    ]
+    desc = (
+        "Waiting requests by reason: capacity (the batch or KV cache is full: VLLMQueueSaturated counts "
+        "these) or deferred (a LoRA budget, a KV transfer)."
+    )
+    b.add(series("Waiting by reason", desc, waiting), 12)
+
+
 def _speculative(b: Board) -> None:
     b.row("Speculative decoding")
     acc = [q(ratio(ACCEPTED, "vllm:spec_decode_num_draft_tokens_total", S, "instance"), "{{instance}}")]
@@ -114,6 +135,7 @@ def serving() -> Json:
     _now(b)
     _throughput(b)
     _scheduler(b)
+    _admission(b)
     _speculative(b)
     variables = [
         variable("job", "vllm:num_requests_running", "job"),

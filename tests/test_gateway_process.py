@@ -252,3 +252,33 @@ def test_an_external_gateway_is_attached_to_outlives_the_daemon_and_its_absence_
     gateway.wait(10)
     poll_text(rig.api + "/metrics", unreachable, rig.log)
     assert httpx.get(rig.api + "/api/v1/gateway", timeout=10).status_code == 503
+
+
+def test_two_watchdogs_never_share_a_gateway_and_a_stale_one_of_ours_is_replaced(tmp_path: Path) -> None:
+    """The socket's name comes from state_dir, target and listen address; an adopted gateway must serve what
+    the config says, or (ours, from before a config change) it is stopped and a new one started."""
+    from vllm_watchdog.gateway.config import GatewayConfig
+    from vllm_watchdog.gateway.process import GatewayProcess, spec_for
+
+    first = GatewayConfig(target="vllm-0", upstream="http://127.0.0.1:9", listen_port=free_port())
+    other = GatewayConfig(target="vllm-0", upstream="http://127.0.0.1:9", listen_port=free_port())
+    assert spec_for(first, None).control_socket != spec_for(other, None).control_socket
+
+    async def scenario() -> tuple[int | None, int | None, int | None]:
+        a = GatewayProcess(spec_for(first, str(tmp_path)))
+        await a.attach()
+        moved = GatewayConfig(target="vllm-0", upstream="http://127.0.0.1:10", listen_port=first.listen_port)
+        b = GatewayProcess(spec_for(moved, str(tmp_path)))
+        assert b.spec.control_socket == a.spec.control_socket  # same watchdog, new upstream
+        try:
+            await b.attach()
+            return a.pid, b.pid, (await b.request("hello")).get("pid")
+        finally:
+            await b.stop(1.0)
+            await a.stop(1.0)
+
+    old, new, answering = asyncio.run(scenario())
+    assert old is not None and old != new and answering == new
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(old, 0)
+        raise AssertionError("the stale gateway still runs")

@@ -201,10 +201,8 @@ class GatewayProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = self._monotonic() + STOP_GRACE + 5.0
-        while self._monotonic() < deadline:  # not our child: no event to wait on
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+        while self._monotonic() < deadline:  # usually not our child: no event to wait on
+            if _gone(pid):
                 return
             await asyncio.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
@@ -318,3 +316,15 @@ class GatewayProcess:
         child.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(5.0)
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended (reaped here if it was our child)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
