@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 import httpx
@@ -16,6 +16,7 @@ from .config import Config, TargetConfig
 from .logs import Recurring
 from .rulefiles import RuleGroup, StoreNeeds, store_needs
 from .scrapelog import ScrapeLog
+from .sources.enginestate import SLEEP_STATE, EngineStateProbe, asleep_in_store
 from .sources.gpu import GpuCollector
 from .sources.probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
 from .sources.scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
@@ -23,7 +24,8 @@ from .store import SampleStore, make_labels
 
 log = logging.getLogger(__name__)
 
-ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+# Kept whether or not a rule reads them (the engine_paused rail reads vllm:engine_sleep_state).
+ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", SLEEP_STATE})
 GC_SLACK = 30.0  # seconds of history kept beyond what rules need, so gc can run lazily
 SUMMARY_EVERY = 300.0  # seconds between summaries of a failure that goes on (one line per scrape otherwise)
 
@@ -36,6 +38,7 @@ class TargetRuntime:
     scrape: ScrapeTarget  # its client also serves the probes
     health: HealthProbe
     canary: CanaryProbe | None
+    state: EngineStateProbe  # paused or asleep on purpose (dev-mode endpoints)
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -162,8 +165,9 @@ class Monitor:
         scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels), client)
         health = HealthProbe(tc.health_url, client, tc.health_timeout, self.monotonic)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
+        state = EngineStateProbe(tc.url, client, tc.health_timeout, self.monotonic)
         labels = {**tc.labels, "job": "vllm", "instance": tc.name}
-        return TargetRuntime(tc, scrape, health, canary, labels)
+        return TargetRuntime(tc, scrape, health, canary, state, labels)
 
     def _record_probe(self, rt: TargetRuntime, st: ProbeStatus, kind: str, now: float) -> None:
         """Log a failed probe and store its outcome and latency as samples of the target."""
@@ -202,13 +206,44 @@ class Monitor:
             return
         st = await rt.health.probe(now)
         self._record_probe(rt, st, "health", now)
+        await self._probe_state(rt, now, up=bool(st.ok))
+
+    async def _probe_state(self, rt: TargetRuntime, now: float, up: bool = True) -> None:
+        """Ask whether the engine is paused or asleep (while /health answers) and store the answers."""
+        if up:
+            await rt.state.probe(now)
+        else:
+            rt.state.server_down()
+        t_ms = math.floor(now * 1000)
+        for name, value in rt.state.samples().items():
+            if value is not None:
+                self.store.append(make_labels(name, rt.labels), t_ms, value)
+            else:  # no such endpoint (any more): the series ends, as a target's series end when it goes
+                self.store.get(make_labels(name, rt.labels)).mark_stale(t_ms)
+
+    def engine_state(self, name: str, now: float) -> str:
+        """Why the target's engine is paused or asleep on purpose; "" if nothing says so, or nothing knows."""
+        rt = self.targets.get(name)
+        if rt is None:
+            return ""
+        return rt.state.reason(now) or asleep_in_store(
+            self.store, name, now, self.config.global_.lookback_delta
+        )
 
     async def probe_canary(self, name: str, now: float) -> None:
-        """Send one target's canary completion and record it as samples."""
+        """Send one target's canary completion and record it as samples; it waits while the engine is
+        paused or asleep on purpose (a paused engine would hold it, and a failure would mean nothing)."""
         rt = self.targets.get(name)
-        if rt is None or rt.canary is None:
+        if rt is None or rt.canary is None or self.engine_state(name, now):
             return
+        before = replace(rt.canary.status)
         st = await rt.canary.probe(now)
+        if not st.ok:
+            after = now + st.latency
+            await self._probe_state(rt, after)  # paused while the canary waited? (no request if no dev mode)
+            if self.engine_state(name, after):
+                rt.canary.status = before  # its failure says nothing about the engine
+                return
         self._record_probe(rt, st, "canary", now)
 
     async def scrape_dcgm(self, now: float) -> None:

@@ -14,6 +14,7 @@ from .actionplane import NOTIFY_DB
 from .actions.state import ACTIONS_DB
 from .evaluation import STATE_FILE, RuleEvaluation
 from .monitor import Monitor
+from .sources.enginestate import STATE_SERIES
 from .statehealth import PROBE_FILE, StateHealth
 
 STATE_FILES = (ACTIONS_DB, NOTIFY_DB, STATE_FILE, PROBE_FILE)  # their write error counters start at 0
@@ -154,6 +155,16 @@ class WatchdogCollector(Collector):
                     "1 if the last canary completion generated a token.",
                 ),
                 ("vllm_watchdog_canary_latency_seconds", "Latency of the last canary completion."),
+                (
+                    STATE_SERIES["paused"],
+                    "1 if vLLM's GET /is_paused last answered true, 0 if false or no answer; absent without "
+                    "dev mode.",
+                ),
+                (
+                    STATE_SERIES["sleeping"],
+                    "1 if vLLM's GET /is_sleeping last answered true (also while paused), 0 if false or no "
+                    "answer; absent without dev mode.",
+                ),
             )
         }
         for rt in m.targets.values():
@@ -166,6 +177,9 @@ class WatchdogCollector(Collector):
                 cs = rt.canary.status
                 fams["vllm_watchdog_canary_success"].add_metric(key, 1 if cs.ok else 0)
                 fams["vllm_watchdog_canary_latency_seconds"].add_metric(key, cs.latency)
+            for name, value in rt.state.samples().items():
+                if value is not None:
+                    fams[name].add_metric(key, value)
         yield from fams.values()
 
 

@@ -12,12 +12,15 @@ from collections.abc import Callable, Sequence
 from prometheus_client.registry import Collector
 
 from ..store import Exposure, SampleStore, Series, SeriesCache
+from .enginestate import STATE_SERIES
 from .probes import PROBE_SERIES
 
 JOB = "vllm-watchdog"
 PREFIX = "vllm_watchdog_"
 # Written by the monitor already, under the target's job and instance: never twice.
-_WRITTEN_ELSEWHERE = frozenset(name for pair in PROBE_SERIES.values() for name in pair)
+_WRITTEN_ELSEWHERE = frozenset(
+    [*(name for pair in PROBE_SERIES.values() for name in pair), *STATE_SERIES.values()]
+)
 
 
 class SelfFeed:

@@ -1,0 +1,149 @@
+"""vLLM's deliberate states, read from vLLM itself: an engine paused (`POST /pause`, RL trainers around a
+weight update) or asleep (`POST /sleep`, GPU sharing) takes no step and answers no completion on purpose.
+
+Three sources say so:
+
+- `GET /is_paused` and `GET /is_sleeping` (vLLM 0.32 answers `{"is_paused": true}`, `{"is_sleeping": true}`;
+  its /is_sleeping is true while paused too). They exist only with `VLLM_SERVER_DEV_MODE=1`: each endpoint
+  is asked once, a 404 means the server has none, and it is not asked again until the server restarts (its
+  /health fails, see `EngineStateProbe.server_down`).
+- `vllm:engine_sleep_state{sleep_state="awake"} == 0` on /metrics, without dev mode (read by the rules and by
+  `asleep_in_store`).
+
+An endpoint that does not answer (timeout, connection error, 5xx, a body that is not the expected JSON) says
+nothing: the engine is not taken for paused. A SIGSTOPped EngineCore makes /is_paused wait for ever (the API
+server asks the engine core), so a really hung engine is never mistaken for a paused one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from ..store import SampleStore
+
+STATE_SERIES = {"paused": "vllm_watchdog_engine_paused", "sleeping": "vllm_watchdog_engine_sleeping"}
+"""Endpoint kind -> the series the monitor writes for it under the target's job and instance: 1 if the last
+answer was true, 0 if false or if the endpoint did not answer; absent where the server has no such endpoint
+(or while it is down)."""
+SLEEP_STATE = "vllm:engine_sleep_state"
+FRESH = 30.0  # seconds an answer stays believed if no newer probe ran (it runs every scrape interval)
+
+
+@dataclass
+class StateEndpoint:
+    """One `GET /is_<kind>` endpoint: whether the server has it, and its last answer."""
+
+    kind: str  # "paused" or "sleeping"
+    available: bool | None = None  # None: not asked since the server (re)started
+    value: bool | None = None  # the last answer; None: none, or it did not answer
+    answered_at: float | None = None  # wall-clock time of the last answer
+    since: float | None = None  # wall-clock time the engine was first seen in this state, while it is
+    last_error: str | None = None
+
+    @property
+    def path(self) -> str:
+        """The endpoint's path."""
+        return f"/is_{self.kind}"
+
+    def forget(self) -> None:
+        """The server went away: ask again once it is back (it may come back without dev mode)."""
+        self.available, self.value, self.answered_at, self.since = None, None, None, None
+
+    def believed(self, now: float) -> bool:
+        """True if the last answer said so, and is recent."""
+        return bool(self.value) and self.answered_at is not None and now - self.answered_at <= FRESH
+
+
+class EngineStateProbe:
+    """Asks a vLLM server whether its engine is paused or asleep (dev-mode endpoints only)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        client: httpx.AsyncClient,
+        timeout: float,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = client
+        self.timeout = timeout
+        self.monotonic = monotonic
+        self.endpoints = {kind: StateEndpoint(kind) for kind in STATE_SERIES}
+
+    async def probe(self, now: float) -> None:
+        """Ask every endpoint the server has (or may have) once; never raises for target faults."""
+        for ep in self.endpoints.values():
+            if ep.available is not False:
+                await self._ask(ep, now)
+
+    async def _ask(self, ep: StateEndpoint, now: float) -> None:
+        try:
+            resp = await self.client.get(self.base_url + ep.path, timeout=self.timeout)
+        except httpx.TimeoutException:
+            return self._unanswered(ep, f"timeout after {self.timeout:g}s")
+        except httpx.HTTPError as exc:
+            return self._unanswered(ep, f"{type(exc).__name__}: {exc}")
+        if resp.status_code in (404, 405):  # no dev mode (405: a proxy that knows the path for POST only)
+            ep.forget()
+            ep.available, ep.last_error = False, f"HTTP status {resp.status_code}: not available"
+            return None
+        if resp.status_code != 200:
+            return self._unanswered(ep, f"HTTP status {resp.status_code}")
+        try:
+            value = resp.json().get(f"is_{ep.kind}")
+        except (ValueError, AttributeError):
+            value = None
+        if not isinstance(value, bool):
+            return self._unanswered(ep, f"{ep.path}: no is_{ep.kind} boolean in the answer")
+        if value and not ep.value:
+            ep.since = now
+        elif not value:
+            ep.since = None
+        ep.available, ep.value, ep.answered_at, ep.last_error = True, value, now, None
+        return None
+
+    def _unanswered(self, ep: StateEndpoint, error: str) -> None:
+        # No answer is no evidence: the engine is not taken for paused (a frozen engine core answers nothing).
+        ep.value, ep.since, ep.last_error = None, None, error
+
+    def server_down(self) -> None:
+        """/health failed: the server may restart with other flags, so every endpoint is asked again."""
+        for ep in self.endpoints.values():
+            ep.forget()
+
+    def samples(self) -> dict[str, float | None]:
+        """Series name -> value to store now (1 or 0), or None where the series should be absent."""
+        return {
+            STATE_SERIES[kind]: (1.0 if ep.value else 0.0) if ep.available else None
+            for kind, ep in self.endpoints.items()
+        }
+
+    def reason(self, now: float) -> str:
+        """Why the engine is paused or asleep on purpose, by its own endpoints; "" if they do not say so."""
+        for ep in self.endpoints.values():
+            if ep.believed(now):
+                since = f" since {time.strftime('%H:%M:%S', time.gmtime(ep.since))}Z" if ep.since else ""
+                word = "paused" if ep.kind == "paused" else "asleep or paused"
+                return f"the engine is {word} on purpose (GET {ep.path} answered true{since})"
+        return ""
+
+
+def asleep_in_store(store: SampleStore, instance: str, now: float, lookback: float) -> str:
+    """Why the engine is asleep, by `vllm:engine_sleep_state` of the last scrape; "" if awake or unknown."""
+    t_ms, lookback_ms = int(now * 1000), int(lookback * 1000)
+    asleep = []
+    for series in store.select(SLEEP_STATE):
+        labels = dict(series.labels)
+        if labels.get("instance") != instance or labels.get("sleep_state") != "awake":
+            continue
+        last = series.at(t_ms, lookback_ms)
+        if last is not None and last[1] == 0.0:
+            asleep.append(labels.get("engine", "0"))
+    if not asleep:
+        return ""
+    engines = ", ".join(asleep)
+    return f'the engine is asleep on purpose ({SLEEP_STATE}{{sleep_state="awake"}} is 0, engine {engines})'
