@@ -63,10 +63,17 @@ def skipped(store: ActionStore, act: ActionConfig, at: float, *, dry_run: bool =
 
 
 def check(
-    rails: Rails, act: ActionConfig, at: float, *, started: float | None = None, **labels: str
+    rails: Rails,
+    act: ActionConfig,
+    at: float,
+    *,
+    started: float | None = None,
+    engine: str = "",
+    **labels: str,
 ) -> Verdict:
     server = None if started is None else T0 + started
-    return rails.check(act, TARGET, {**ALERT, **labels}, T0 + at, server_started_at=server)
+    labels = {**ALERT, **labels}
+    return rails.check(act, TARGET, labels, T0 + at, server_started_at=server, engine_state=engine)
 
 
 def test_nothing_blocks_a_first_action(store: ActionStore) -> None:
@@ -338,6 +345,25 @@ def test_dry_runs_make_no_crash_loop(store: ActionStore) -> None:
     assert check(Rails(store), act, 30 * MIN).allowed
 
 
+PAUSED = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
+
+
+def test_a_paused_or_sleeping_engine_is_not_stopped_whatever_asked(store: ActionStore) -> None:
+    """An operator's rule without the bundled `unless paused` must not restart a paused engine."""
+    rails = Rails(store)
+    for kind in ("restart", "disable_draft", "enable_draft", "reconfigure"):
+        verdict = check(rails, action(kind, kind), MIN, engine=PAUSED)
+        assert (verdict.allowed, verdict.rail, verdict.reason) == (False, "engine_paused", PAUSED)
+        manual = rails.check(
+            action(kind, kind), TARGET, {}, T0, server_started_at=None, manual=True, engine_state=PAUSED
+        )
+        assert manual.rail == "engine_paused"
+    # Actions that do not stop the server still run: a throttle at the gateway, a power limit.
+    assert check(rails, action("throttle", "throttle"), MIN, engine=PAUSED).allowed
+    assert check(rails, action("power", "gpu_power_limit"), MIN, engine=PAUSED).allowed
+    assert check(rails, action(), MIN, engine="").allowed  # resumed (or never paused)
+
+
 def test_busy(store: ActionStore) -> None:
     rails = Rails(store)
     restart = action()
@@ -370,6 +396,7 @@ def test_rails_are_checked_in_order(store: ActionStore) -> None:
     seen.append(check(rails, act, 8 * MIN, started=7 * MIN).rail)
     for silence in store.silences(T0):
         store.expire_silence(silence.id, T0 + 8 * MIN)
+    seen.append(check(rails, act, 8 * MIN, started=7 * MIN, engine=PAUSED).rail)
     seen.append(check(rails, act, 8 * MIN, started=7 * MIN).rail)
     seen.append(check(rails, act, 8 * MIN).rail)  # failed at 7m: backing off until 9m
     seen.append(check(rails, act, 9 * MIN).rail)  # the last run started at 6m: cooling down until 36m

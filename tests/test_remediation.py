@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.alerting import OutgoingAlert
 from vllm_watchdog.config import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
-from vllm_watchdog.remediation import MAX_QUEUED, QUEUE_RAIL, Remediator
+from vllm_watchdog.remediation import MAX_QUEUED, QUEUE_RAIL, RESPAWN, RESTORE_RECHECK, Remediator
 
 from fake_nvml import FakeNvml
 
@@ -146,7 +146,9 @@ def alert(name: str, state: str = "firing", **labels: str) -> OutgoingAlert:
 
 
 def make(
-    text: str = CONFIG, env: Mapping[str, str] | None = None
+    text: str = CONFIG,
+    env: Mapping[str, str] | None = None,
+    engine_state: Callable[[str, float], str] = lambda _, __: "",
 ) -> tuple[Remediator, ScriptedRuntime, Ready, Hub, Clock]:
     cfg: Config = parse_config(text, "c.yml", env=env or {})
     runtime = ScriptedRuntime()
@@ -164,6 +166,7 @@ def make(
         clock=clock,
         monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
         sleep=no_sleep,
+        engine_state=engine_state,
     )
     r.reconciled.set()
     return r, runtime, ready, hub, clock
@@ -464,3 +467,61 @@ async def test_a_target_queues_at_most_max_queued_jobs_and_skips_the_rest_on_an_
     assert sum(n for (_, _, outcome), n in r.audit.counts.items() if outcome == "skipped") == 36
     r.queues["vllm-0"].clear()  # the queued ones are not what this test runs
     await settle(r)
+
+
+class Pause:
+    """What the monitor says about the target's engine: paused on purpose, or not."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+
+    def __call__(self, target: str, now: float) -> str:
+        return self.reason if target == "vllm-0" else ""
+
+
+async def test_a_paused_engine_is_not_restarted_by_any_alert_and_the_refusal_is_audited() -> None:
+    pause = Pause()
+    r, rt, _, hub, clock = make(engine_state=pause)
+    pause.reason = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
+    r.handle([alert("Hung"), alert("SpecBad")], clock.t)  # an operator's rule without `unless paused`
+    await settle(r)
+    assert rt.calls == []
+    rows = {(rec.action, rec.outcome, rec.reason) for rec in r.store.history()}
+    assert rows == {("restart", "skipped", pause.reason), ("draft_off", "skipped", pause.reason)}
+    assert [e.outcome for e in hub.events] == ["skipped", "skipped"]
+    pause.reason = ""  # POST /resume: the same alert, re-sent, restarts a hung engine as before
+    clock.t += 60
+    r.handle([alert("Hung")], clock.t)
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+
+
+async def test_a_child_that_exited_is_respawned_even_if_it_last_said_it_was_paused() -> None:
+    pause = Pause()
+    r, rt, *_ = make(engine_state=pause)
+    pause.reason = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
+    target = r.config.targets[0]
+    r.enqueue(Job(RESPAWN, target, {"target": "vllm-0", "exit_code": "1"}, "supervisor"))
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+
+
+async def test_a_restore_refused_while_paused_is_due_again_and_runs_after_the_resume() -> None:
+    pause = Pause()
+    r, rt, _, _, clock = make(engine_state=pause)
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    r.handle([replace(alert("Hot", "resolved"), ends_at=clock.t)], clock.t)
+    pause.reason = "the engine is asleep on purpose (GET /is_sleeping answered true)"
+    clock.t += 601  # the 10 m hold is over, but the engine sleeps
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]
+    assert r.store.history()[0].outcome == "skipped"
+    pending = r.store.get("restore/smaller/vllm-0")
+    assert isinstance(pending, dict) and pending["due"] == clock.t + RESTORE_RECHECK
+    pause.reason = ""  # POST /wake_up
+    clock.t += RESTORE_RECHECK
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit", "replace", "commit"] and rt.current.args == ARGS

@@ -55,6 +55,7 @@ class ActionPlane:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link,
+        engine_state: Callable[[str, float], str] = lambda _, __: "",
     ) -> None:
         self.config = config
         self.engine = engine
@@ -90,6 +91,7 @@ class ActionPlane:
             hub=self.hub,
             power=self.power,
             running_requests=self.running_requests,
+            engine_state=engine_state,  # the monitor's: is a target's engine paused or asleep on purpose?
             clock=clock,
             monotonic=monotonic,
             state=self.health,

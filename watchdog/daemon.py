@@ -336,6 +336,7 @@ class Daemon:
             systemctl=self.systemctl,
             clock=self.clock,
             monotonic=self.monotonic,
+            engine_state=mon.engine_state,
             **kwargs,
         )
         self.evaluation.on_alerts = self.actions.on_alerts

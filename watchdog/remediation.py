@@ -35,6 +35,7 @@ STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions whil
 # queued: 8,500 distinct sessions in one webhook queued 8,500 jobs and kept the loop busy for 48 s.
 MAX_QUEUED = 64
 QUEUE_RAIL = "queue_full"
+RESTORE_RECHECK = 60.0  # a restore refused while the engine is paused or asleep is due again this much later
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 # Process mode: a child that died on its own is started again, under the same rails as any restart.
 RESPAWN = ActionConfig(
@@ -63,6 +64,7 @@ class Remediator:
         hub: NotificationHub | None = None,
         power: Any | None = None,
         running_requests: Callable[[str], float | None] = lambda _: None,
+        engine_state: Callable[[str, float], str] = lambda _, __: "",
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -78,6 +80,7 @@ class Remediator:
         self.power = power
         self.gateway: Gateway | None = None  # the admission gateway, when one fronts a target
         self.running_requests = running_requests
+        self.engine_state = engine_state  # why a target's engine is paused or asleep on purpose ("" if not)
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.alerts = WatchdogAlerts(self.rails)
         self.retries = Retries(store)
@@ -213,8 +216,12 @@ class Remediator:
             server_started_at=started,
             manual=job.trigger == "manual",
             needed_at=job.needed_at,
+            # A child that exited (the supervisor's respawn) is not paused, whatever its last answer said.
+            engine_state="" if job.trigger == "supervisor" else self.engine_state(target.name, now),
         )
         if not verdict.allowed:
+            if verdict.rail == "engine_paused" and job.restore:  # due again later, not lost
+                self._restore_later(job, now + RESTORE_RECHECK)
             return self._skip(job, verdict, now)
         if gateway is not None and action.type in GATEWAY_ACTIONS:
             plan = plan_gateway(action, job.labels, gateway)
@@ -251,6 +258,12 @@ class Remediator:
             log.exception("action crashed", extra={"action": action.name, "target": target.name})
             outcome = Outcome("failed", f"internal error: {exc}")
         return self._finish(job, action_id, outcome)
+
+    def _restore_later(self, job: Job, due: float) -> None:
+        key = f"restore/{job.action.name}/{job.target.name}"
+        pending = self.store.get(key)
+        if isinstance(pending, dict):
+            self.store.put(key, {**pending, "due": due, "queued": False})
 
     def _unrecordable(self, action: ActionConfig) -> str:
         """Why a disruptive action cannot run now because its audit row could not be kept ("" if it can):

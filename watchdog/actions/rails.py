@@ -5,6 +5,9 @@ Rails are checked in this order and the first that blocks gives the verdict:
 
 - paused: an operator paused every action;
 - silenced: an active silence matches the alert's labels plus `action` and `target`;
+- engine_paused: for a disruptive action, the target's engine is paused or asleep on purpose (vLLM's
+  /is_paused, /is_sleeping or vllm:engine_sleep_state say so; see sources/enginestate): a rule that took the
+  quiet engine for a hung one must not restart it, whether or not the rule knows about pauses;
 - startup_grace: the target's server started less than `startup_grace` ago;
 - backoff: after n consecutive failed or rolled-back runs, the next waits `backoff_initial * 2**(n-1)`
   (at most `backoff_max`) after the last failure ended;
@@ -45,7 +48,17 @@ from ..actionconfig import DISRUPTIVE, ActionConfig
 from ..durations import format_duration
 from .state import ActionRecord, ActionStore
 
-RAILS = ("paused", "silenced", "startup_grace", "backoff", "cooldown", "budget", "crash_loop", "busy")
+RAILS = (
+    "paused",
+    "silenced",
+    "engine_paused",
+    "startup_grace",
+    "backoff",
+    "cooldown",
+    "budget",
+    "crash_loop",
+    "busy",
+)
 RAN = ("running", "succeeded", "failed", "rolled_back")  # outcomes of rows that started for real
 ENDED = ("succeeded", "failed", "rolled_back")
 FAILED = ("failed", "rolled_back")
@@ -79,6 +92,7 @@ class _Ask:
     now: float
     started: float | None  # when the target's server started
     needed_at: float | None  # when the trigger began
+    engine_state: str  # why the engine is paused or asleep on purpose; "" if it is not known to be
 
 
 class Rails:
@@ -123,13 +137,16 @@ class Rails:
         server_started_at: float | None,
         manual: bool = False,  # only labels the trigger: manual actions obey every rail
         needed_at: float | None = None,
+        engine_state: str = "",
     ) -> Verdict:
         """The verdict of the first rail that blocks `action` on `target` now, or ALLOWED. `needed_at` is
-        when the trigger began (the alert's startsAt; None: now), as given to the store's begin/record."""
-        ask = _Ask(action, target, labels, now, server_started_at, needed_at)
+        when the trigger began (the alert's startsAt; None: now), as given to the store's begin/record;
+        `engine_state` says why the target's engine is paused or asleep on purpose ("" if it is not)."""
+        ask = _Ask(action, target, labels, now, server_started_at, needed_at, engine_state)
         for rail in (
             self._paused,
             self._silenced,
+            self._engine_paused,
             self._startup_grace,
             self._backoff,
             self._cooldown,
@@ -187,6 +204,11 @@ class Rails:
         until = max(s.ends_at for s in hits)
         ids = ", ".join(s.id for s in hits)
         return Verdict(False, f"silenced by {ids} for another {_ago(until, ask.now)}", "silenced", until)
+
+    def _engine_paused(self, ask: _Ask) -> Verdict | None:
+        if not ask.engine_state or not ask.action.disruptive:
+            return None
+        return Verdict(False, ask.engine_state, "engine_paused")
 
     def _startup_grace(self, ask: _Ask) -> Verdict | None:
         grace = ask.action.startup_grace
