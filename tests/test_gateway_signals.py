@@ -751,17 +751,17 @@ def test_context_growth_mean_of_differences() -> None:
 
 
 def brute_force_repeats(steps: list[tuple[str, ...]]) -> int:
-    """The most times any block of 1 to 3 consecutive steps occurs back to back, by trying every one."""
-    best = 1 if steps else 0
-    for start in range(len(steps)):
-        for period in (1, 2, 3):
-            block = steps[start : start + period]
-            if len(block) < period:
-                continue
-            n = 1
-            while steps[start + n * period : start + (n + 1) * period] == block:
-                n += 1
-            best = max(best, n)
+    """How many whole copies of the newest block of 1 to 3 steps (one with a tool call at least) end the list
+    back to back, by trying every block."""
+    best = 0
+    for period in (1, 2, 3):
+        block = steps[len(steps) - period :]
+        if len(block) < period or not any(block):
+            continue
+        n = 1
+        while steps[len(steps) - (n + 1) * period : len(steps) - n * period] == block:
+            n += 1
+        best = max(best, n)
     return best
 
 
@@ -772,9 +772,7 @@ def test_tool_call_repeats_match_a_brute_force_window() -> None:
     for _ in range(400):
         calls = [call(rng.choice("ab"), json.dumps({"n": rng.randrange(2)})) for _ in range(rng.randrange(3))]
         body = agent_body(*calls)
-        sigs = tuple(tool_call_signatures(body))
-        if sigs:
-            recent.append(sigs)
+        recent.append(tuple(tool_call_signatures(body)))  # a step without tool calls is a step too
         run(s, "a", [], streaming=False, body=body)
         assert row(s, "a").tool_call_repeats == brute_force_repeats(list(recent))
 
@@ -801,8 +799,70 @@ def test_repeated_tool_call_loop_is_counted() -> None:
     for i in range(5):
         args = '{"path": "/x"}' if i % 2 else '{ "path" : "/x" }'
         run(s, "a", [], streaming=False, body=agent_body(call("read", args)))
-    run(s, "a", [], streaming=False, body=agent_body(call("write", "{}")))
     assert row(s, "a").tool_call_repeats == 5
+
+
+# --- signals age: with the session's own steps, with time, and when a breaker settles them ------------------
+
+
+def test_a_different_step_ends_the_loop() -> None:
+    """A session that stopped looping stops matching: the count is the loop it is in now, not its worst."""
+    s = SessionSignals()
+    for _ in range(6):
+        run(s, "a", [], streaming=False, body=agent_body(call("read", '{"path": "/x"}')))
+    assert row(s, "a").tool_call_repeats == 6
+    run(s, "a", [], streaming=False, body=agent_body(call("write", "{}")))
+    assert row(s, "a").tool_call_repeats == 1
+    run(s, "a", [], streaming=False, body={"messages": [{"role": "user", "content": "new task"}]})
+    assert row(s, "a").tool_call_repeats == 1  # a step without tool calls is a different step too
+    for _ in range(4):
+        run(s, "a", [], streaming=False, body={"messages": [{"role": "user", "content": "chat"}]})
+    assert row(s, "a").tool_call_repeats == 0  # plain requests are no loop
+
+
+def test_a_quiet_session_ages_out_of_every_windowed_signal() -> None:
+    clock = Clock()
+    s = SessionSignals(monotonic=clock, max_age=120.0, half_life=1e9)
+    for prompt in (1000, 4000, 7000, 10000, 13000):
+        body = agent_body(call("read", '{"path": "/x"}'))
+        run(s, "a", [json_response(usage(prompt, 1, 0))], streaming=False, body=body)
+    r = row(s, "a")
+    assert (r.tool_call_repeats, r.context_growth_tokens, r.prefix_cache_hit_ratio) == (5, 3000.0, 0.0)
+    clock.t += 119.0
+    assert row(s, "a").tool_call_repeats == 5  # not yet
+    clock.t += 2.0
+    r = row(s, "a")
+    assert (r.tool_call_repeats, r.context_growth_tokens, r.prefix_cache_hit_ratio) == (0, None, None)
+    assert (r.requests_total, r.prompt_tokens_total) == (5, 35000)  # counters are not windowed
+    run(s, "a", [], streaming=False, body=agent_body(call("read", '{"path": "/x"}')))
+    assert row(s, "a").tool_call_repeats == 1  # the old loop does not come back with the next step
+
+
+def test_steps_age_one_by_one_and_the_other_row_ages_too() -> None:
+    clock = Clock()
+    s = SessionSignals(top_k=0, monotonic=clock, max_age=60.0, active=1e9)
+    for _ in range(3):
+        run(s, "a", [], streaming=False, body=agent_body(call("f", "{}")))
+        clock.t += 20.0
+    assert row(s, "other").tool_call_repeats == 3  # steps 60, 40 and 20 s old: none older than 60 s
+    clock.t += 1.0
+    assert row(s, "other").tool_call_repeats == 2
+    clock.t += 40.0
+    assert row(s, "other").tool_call_repeats == 0
+
+
+def test_a_breaker_settles_the_session_s_signals() -> None:
+    s = SessionSignals()
+    for prompt in (1000, 5000, 9000):
+        body = agent_body(call("read", '{"path": "/x"}'))
+        run(s, "a~", [json_response(usage(prompt, 1, 0))], streaming=False, body=body)
+        run(s, "b", [], streaming=False, body=body)
+    s.settle("a~")  # the gateway's name; the row is labelled "a~~"
+    s.settle("nobody")
+    r = row(s, "a~~")
+    assert (r.tool_call_repeats, r.context_growth_tokens, r.prefix_cache_hit_ratio) == (0, None, None)
+    assert r.requests_total == 3
+    assert row(s, "b").tool_call_repeats == 3  # other sessions keep theirs
 
 
 @pytest.mark.parametrize(
@@ -814,6 +874,7 @@ def test_repeated_tool_call_loop_is_counted() -> None:
         {"loop_window": 1},
         {"half_life": 0.0},
         {"active": -1.0},
+        {"max_age": 0.0},
     ],
 )
 def test_bad_parameters_are_refused(kw: dict[str, object]) -> None:

@@ -45,29 +45,47 @@ class _Session:
         self.totals = [0, 0, 0, 0]
         self.seen = [0, 0, 0, 0]
         self.exported = [0, 0, 0, 0]
-        self.steps: deque[tuple[int, int]] = deque(maxlen=window)  # (prompt, cached or -1 if not reported)
+        # (when, prompt, cached or -1 if not reported), when on the monotonic clock
+        self.steps: deque[tuple[float, int, int]] = deque(maxlen=window)
         self.win_prompt = 0  # sums over the steps that reported cached tokens
         self.win_cached = 0
-        self.calls: deque[tuple[str, ...]] = deque(maxlen=loop_window)  # tool calls of recent steps
+        self.calls: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=loop_window)  # (when, tool calls)
         self.repeats = 0
 
-    def add_step(self, prompt: int, cached: int) -> None:
+    def add_step(self, now: float, prompt: int, cached: int) -> None:
         """Remember one request's prompt and cached tokens (cached -1: not reported)."""
-        steps = self.steps
-        if len(steps) == steps.maxlen:
-            old_prompt, old_cached = steps[0]
-            if old_cached >= 0:
-                self.win_prompt -= old_prompt
-                self.win_cached -= old_cached
-        steps.append((prompt, cached))
+        if len(self.steps) == self.steps.maxlen:
+            self._drop_step()
+        self.steps.append((now, prompt, cached))
         if cached >= 0:
             self.win_prompt += prompt
             self.win_cached += cached
 
-    def add_calls(self, sigs: tuple[str, ...]) -> None:
-        """Remember the tool calls of one agent step (the newest assistant message of a request)."""
-        self.calls.append(sigs)
-        self.repeats = _longest_repeats(self.calls)
+    def _drop_step(self) -> None:
+        _, old_prompt, old_cached = self.steps.popleft()
+        if old_cached >= 0:
+            self.win_prompt -= old_prompt
+            self.win_cached -= old_cached
+
+    def add_calls(self, now: float, sigs: tuple[str, ...]) -> None:
+        """Remember the tool calls of one agent step (the newest assistant message of a request; none: ())."""
+        self.calls.append((now, sigs))
+        self.repeats = _current_repeats([c for _, c in self.calls])
+
+    def age(self, since: float) -> None:
+        """Forget the steps taken before `since`: a session that went quiet stops matching."""
+        while self.steps and self.steps[0][0] < since:
+            self._drop_step()
+        if self.calls and self.calls[0][0] < since:
+            while self.calls and self.calls[0][0] < since:
+                self.calls.popleft()
+            self.repeats = _current_repeats([c for _, c in self.calls])
+
+    def forget(self) -> None:
+        """Start the step windows over (lifetime counters stay)."""
+        self.steps.clear()
+        self.calls.clear()
+        self.win_prompt = self.win_cached = self.repeats = 0
 
     def ratio(self) -> float | None:
         """Cached over prompt tokens across the recent steps that reported cached tokens."""
@@ -76,7 +94,7 @@ class _Session:
     def growth(self) -> float | None:
         """Mean prompt_tokens change per step over the recent steps (the differences telescope)."""
         steps = self.steps
-        return (steps[-1][0] - steps[0][0]) / (len(steps) - 1) if len(steps) >= 2 else None
+        return (steps[-1][1] - steps[0][1]) / (len(steps) - 1) if len(steps) >= 2 else None
 
 
 def _move(s: _Session, dest: list[int]) -> None:
@@ -85,15 +103,20 @@ def _move(s: _Session, dest: list[int]) -> None:
     s.seen = s.totals.copy()
 
 
-def _longest_repeats(calls: deque[tuple[str, ...]]) -> int:
-    """The most times one step's tool calls, or one cycle of up to MAX_CYCLE steps, came back to back in
-    `calls`: a loop repeats itself; an agent that re-runs its tests between different edits does not."""
-    best = 1 if calls else 0
-    for period in range(1, MAX_CYCLE + 1):
-        run = 0  # steps equal to the one `period` before, in a row
-        for i in range(period, len(calls)):
-            run = run + 1 if calls[i] == calls[i - period] else 0
-            best = max(best, run // period + 1)
+def _current_repeats(calls: list[tuple[str, ...]]) -> int:
+    """How many times the newest step's tool calls, or the newest cycle of up to MAX_CYCLE steps, came back to
+    back, counting back from the newest step: a loop repeats itself, and a different step ends it. An agent
+    that re-runs its tests between different edits does not loop; steps without tool calls are no loop of
+    their own (0 if every step lacks them)."""
+    n = len(calls)
+    best = 0
+    for period in range(1, min(MAX_CYCLE, n) + 1):
+        if not any(calls[n - period :]):
+            continue
+        run = 0  # steps equal to the one `period` before, in a row, ending at the newest
+        while run + period < n and calls[n - 1 - run] == calls[n - 1 - run - period]:
+            run += 1
+        best = max(best, run // period + 1)
     return best
 
 
@@ -110,16 +133,29 @@ class SessionSignals:
         loop_window: int = 32,
         half_life: float = 60.0,
         active: float = 300.0,
+        max_age: float = 300.0,
     ) -> None:
-        if top_k < 0 or max_sessions < 1 or window < 2 or loop_window < 2 or half_life <= 0 or active < 0:
+        if (
+            top_k < 0
+            or max_sessions < 1
+            or window < 2
+            or loop_window < 2
+            or half_life <= 0
+            or active < 0
+            or not max_age > 0
+        ):
             raise ValueError(
-                "need top_k >= 0, max_sessions >= 1, window >= 2, loop_window >= 2, half_life > 0"
+                "need top_k >= 0, max_sessions >= 1, window >= 2, loop_window >= 2, half_life > 0, "
+                "max_age > 0"
             )
         self.top_k = top_k
         self.max_sessions = max_sessions
         self.window = window
         self.loop_window = loop_window
         self.active = active  # "other" gauges summarise the sessions seen this recently
+        # Signals age with time as well as with the session's own steps: a step older than this no longer
+        # counts, so a session that went quiet (or was refused by its breaker) stops matching.
+        self.max_age = max_age
         self._monotonic = monotonic
         self._rate = 1.0 / half_life
         # Forward decay: a request at t weighs 2^((t - epoch)/half_life), so stored scores rank sessions by
@@ -162,9 +198,7 @@ class SessionSignals:
         self._dirty.add(s)
         tracked = path in OPENAI_PATHS
         if tracked and body is not None:
-            sigs = tool_call_signatures(body)
-            if sigs:
-                s.add_calls(tuple(sigs))
+            s.add_calls(now, tuple(tool_call_signatures(body)))  # a step without tool calls ends a loop too
 
         def finish(usage: Mapping[str, object] | None) -> None:
             self._record(s, usage)
@@ -190,11 +224,18 @@ class SessionSignals:
                 s.totals[3] += cached
             else:
                 cached = -1
-            s.add_step(prompt, cached)
+            s.add_step(self._monotonic(), prompt, cached)
         if s.evicted:
             _move(s, self._other)
         else:
             self._dirty.add(s)
+
+    def settle(self, session: str) -> None:
+        """A breaker opened for the session: its step windows start over, so its alerts resolve while the
+        breaker is open and only what it does afterwards counts toward its next offence."""
+        s = self._sessions.get(_label(session))
+        if s is not None:
+            s.forget()
 
     def _evict(self) -> None:
         """Forget the least recently started session, preferring one with nothing in flight."""
@@ -246,6 +287,8 @@ class SessionSignals:
         flights = {_label(k): v for k, v in in_flight.items()} if in_flight is not None else {}
         broken = {_label(b) for b in breakers}
         names = {s.name for s in top}
+        for s in top:
+            s.age(now - self.max_age)
         rows = [
             SessionStats(
                 session=s.name,
@@ -278,6 +321,7 @@ class SessionSignals:
                 break
             if s in top:
                 continue
+            s.age(now - self.max_age)
             prompt += s.win_prompt
             cached += s.win_cached
             repeats = max(repeats, s.repeats)
