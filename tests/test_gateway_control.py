@@ -248,3 +248,85 @@ def test_feed_writes_gateway_series_and_marks_them_stale_when_gone() -> None:
     assert labels_dict(queued.labels)["priority"] == "interactive"
     feed.commit(None, 2000)
     assert limit.at(2000, 300_000) is None and is_stale(limit.vals[-1])
+
+
+# --- holds end: once per firing episode, repeat offences escalate, a clean period resets them -------------
+
+
+def _episode(name: str, starts: float, state: str = "firing", **labels: str) -> OutgoingAlert:
+    """An alert of the episode that began at `starts` (what a resend repeats: the same labels and start)."""
+    return OutgoingAlert({"alertname": name, "target": "vllm-0", **labels}, {}, state, starts, 0.0, 1.0)
+
+
+def _breaker_left(r: Rig, session: str) -> float | None:
+    until = r.server.call_sync(r.server.gate.breakers, timeout=10).get(session)
+    return None if until is None else float(until[0]) - r.clock()
+
+
+async def test_a_resend_of_the_firing_alert_neither_reopens_nor_extends_the_breaker(
+    rig: Callable[..., Any],
+) -> None:
+    r = await rig()
+    loop = _episode("Loop", r.clock(), session="agent-7")
+    r.remediator.handle([loop], r.clock())
+    await r.settle(1)
+    for _ in range(3):  # resent every minute while it fires
+        r.clock.now += 60
+        assert r.remediator.handle([loop], r.clock()) == 0
+    assert _breaker_left(r, "agent-7") == pytest.approx(600 - 180)
+    r.clock.now += 421
+    r.remediator.handle([loop], r.clock())  # the breaker's time is up: a resend does not open another
+    assert _breaker_left(r, "agent-7") is None
+    assert len(r.store.history(limit=50)) == 1
+
+
+async def test_repeat_offences_double_the_breaker_up_to_its_cap_until_a_clean_period(
+    rig: Callable[..., Any], tmp_path: Any
+) -> None:
+    """`breaker`: 10m, and the defaults max_duration 1h, reset_after 1h. The record survives a restart of the
+    watchdog with a fresh gateway (saved in the action store with the breakers)."""
+    clock = Clock()
+    store = ActionStore(str(tmp_path / "actions.sqlite"))
+    r = await rig(store=store, clock=clock)
+    lengths = []
+    for n in range(6):
+        if n == 3:  # a watchdog restart, and a new gateway process that knows nothing
+            await r.aclose()
+            r = await rig(store=store, clock=clock)
+        alert = _episode("Loop", clock(), session="agent-7")
+        r.remediator.handle([alert], clock())
+        await r.settle(n + 1)
+        lengths.append(round(_breaker_left(r, "agent-7") or 0))
+        r.remediator.handle([_episode("Loop", alert.starts_at, "resolved", session="agent-7")], clock())
+        clock.now += lengths[-1] + 50 * 60  # the breaker ended 50 minutes ago: not clean yet
+    assert lengths == [600, 1200, 2400, 3600, 3600, 3600]
+    reasons = [row.reason for row in r.store.history(limit=3)]
+    assert reasons[0] == "breaker of session agent-7 open for 1h (repeat offence 6)"
+    clock.now += 10 * 60 + 1  # an hour clean after the last breaker ended: forgiven
+    r.remediator.handle([_episode("Loop", clock(), session="agent-7")], clock())
+    await r.settle(7)
+    assert round(_breaker_left(r, "agent-7") or 0) == 600
+    assert r.store.history(limit=1)[0].reason == "breaker of session agent-7 open for 10m"
+
+
+async def test_a_throttle_holds_once_per_episode_and_holds_again_only_if_the_gateway_lost_it(
+    rig: Callable[..., Any],
+) -> None:
+    r = await rig()
+    busy = _episode("Busy", r.clock())
+    r.remediator.handle([busy], r.clock())
+    await r.settle(1)
+    assert r.limit() == 2
+    for _ in range(20):  # resent each minute, past the cooldown and past HOLD_TTL: not tightened, not dropped
+        r.clock.now += 61
+        assert r.remediator.handle([busy], r.clock()) == 0
+        await r.control.tick()
+    assert r.limit() == 2
+    r.control._holds_seen.clear()  # as after a lapsed lease: the gateway released it, the daemon forgot it
+    assert r.remediator.handle([busy], r.clock()) == 1
+    await r.settle(2)
+    assert r.limit() == 1
+    r.remediator.handle([_episode("Busy", busy.starts_at, "resolved")], r.clock())
+    r.clock.now += 61
+    assert r.remediator.handle([_episode("Busy", r.clock())], r.clock()) == 1  # a new episode: a new hold
+    assert [row.outcome for row in await r.settle(3)] == ["succeeded"] * 3

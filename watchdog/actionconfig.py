@@ -127,6 +127,10 @@ class ActionConfig:
     breaker_duration: float | None = (
         None  # throttle_session: how long the breaker stays open; None: gateway's
     )
+    # throttle_session: each repeat offence of a session doubles its breaker up to this; the record is
+    # forgotten once the session stays clean this long after its last breaker ended (gateway/offences.py)
+    breaker_max_duration: float = 3600.0
+    breaker_reset_after: float = 3600.0
     line: int = 0
 
     @property
@@ -221,6 +225,7 @@ def parse_action(name: str, node: Node) -> ActionConfig | None:
     """One entry of `actions:`."""
     keys = {"type", "dry_run", "max_per_window", "set", "remove", "restore_after", "watts", "ratio"}
     keys |= {"factor", "limit", "floor", "step", "step_interval", "adaptive", "target", "duration"}
+    keys |= {"max_duration", "reset_after"}
     keys |= {"crash_loop_max", *_DURATIONS}
     m = node.mapping(keys)
     if m is None:
@@ -263,6 +268,8 @@ def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[st
             ("factor", "limit", "floor", "step", "step_interval", "adaptive", "target"), "throttle"
         ),
         "duration": "throttle_session",
+        "max_duration": "throttle_session",
+        "reset_after": "throttle_session",
     }
     for key, owner in only.items():
         if key in m and kind != owner:
@@ -293,11 +300,26 @@ def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[st
         values["power_limit_watts"], values["power_limit_ratio"] = watts, ratio
     if kind == "throttle":
         values["throttle"] = _throttling(m, node)
-    if kind == "throttle_session" and "duration" in m:
-        duration = m["duration"].parsed(parse_duration)
-        if duration == 0:
-            m["duration"].error("must be greater than 0")
-        values["breaker_duration"] = duration or None
+    if kind == "throttle_session":
+        _breaker(m, values)
+
+
+def _breaker(m: Mapping[str, Node], values: dict[str, object]) -> None:
+    """throttle_session: `duration`, `max_duration` (repeat offences double up to it), `reset_after`."""
+    duration = m["duration"].parsed(parse_duration) if "duration" in m else None
+    if duration == 0:
+        m["duration"].error("must be greater than 0")
+    values["breaker_duration"] = duration or None
+    if "max_duration" in m:
+        cap = m["max_duration"].parsed(parse_duration)
+        if cap is not None and (cap == 0 or (duration and cap < duration)):
+            m["max_duration"].error("must be greater than 0 and at least `duration`")
+        elif cap is not None:
+            values["breaker_max_duration"] = cap
+    if "reset_after" in m:
+        reset = m["reset_after"].parsed(parse_duration)
+        if reset is not None:
+            values["breaker_reset_after"] = reset
 
 
 def _throttling(m: Mapping[str, Node], node: Node) -> ThrottleSpec:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .actionconfig import GATEWAY_ACTIONS, ActionConfig, Budget
 from .actions.audit import Audit, Job
+from .actions.episodes import Episodes
 from .actions.flows import FlowContext, Outcome, reconcile
 from .actions.gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
 from .actions.plans import execute_plan, plan_action
@@ -84,6 +85,7 @@ class Remediator:
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.alerts = WatchdogAlerts(self.rails)
         self.retries = Retries(store)
+        self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
         self.queues: dict[str, deque[Job]] = {}
         self.current: dict[str, Job] = {}
         self.workers: dict[str, asyncio.Task[None]] = {}
@@ -114,6 +116,7 @@ class Remediator:
                 restore_key = f"restore/{action.name}/{target.name}"
                 if alert.state == "resolved":
                     self.retries.forget(action.name, target.name)
+                    self.episodes.ended(action, target.name, alert.labels)
                     gateway = self._gateway_of(target.name)
                     if action.type == "throttle" and gateway is not None:
                         gateway.release(hold_key(action, alert.labels))
@@ -127,6 +130,14 @@ class Remediator:
                     continue
                 if self.store.get(restore_key) is not None:  # firing again: the hold restarts at resolution
                     self.store.put(restore_key, None)  # (only then: every write is an fsync)
+                if self.episodes.done(action, target.name, alert.labels, alert.starts_at):
+                    gateway = self._gateway_of(target.name)
+                    if (
+                        action.type != "throttle"
+                        or gateway is None
+                        or gateway.keep(hold_key(action, alert.labels))
+                    ):
+                        continue  # a resend: the hold of this episode stands (a throttle's is kept alive)
                 until = alert.ends_at or None  # an Alertmanager's firing alerts carry no end
                 self.retries.fired(action.name, target.name, until)
                 needed_at = alert.starts_at or None
@@ -297,6 +308,7 @@ class Remediator:
         if outcome.outcome in ("failed", "rolled_back"):
             self.retries.failed(job)
         elif outcome.outcome == "succeeded":
+            self.episodes.ran(job.action, job.target.name, job.labels, job.needed_at)
             self.retries.forget(job.action.name, job.target.name)
         self._send(
             self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now), now

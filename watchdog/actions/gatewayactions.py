@@ -25,7 +25,17 @@ class Gateway(Protocol):
 
     def release(self, key: str) -> None: ...
 
-    async def open_breaker(self, session: str, duration: float, reason: str) -> None: ...
+    def keep(self, key: str) -> bool: ...
+
+    async def open_breaker(
+        self,
+        session: str,
+        duration: float,
+        reason: str,
+        *,
+        max_duration: float | None = None,
+        reset_after: float = 0.0,
+    ) -> tuple[float, int]: ...
 
     def in_flight(self) -> int: ...
 
@@ -50,7 +60,11 @@ def plan_gateway(action: ActionConfig, labels: Mapping[str, str], gateway: Gatew
         if session in AGGREGATE_SESSIONS:
             return Plan("none", "", skip=f"session {session!r} stands for many sessions; no breaker for it")
         duration = action.breaker_duration or gateway.breaker_default
-        return Plan("gateway", f"open the breaker of session {session} for {format_duration(duration)}")
+        cap = max(duration, action.breaker_max_duration)
+        doubled = f", doubled per repeat offence up to {format_duration(cap)}" if cap > duration else ""
+        return Plan(
+            "gateway", f"open the breaker of session {session} for {format_duration(duration)}{doubled}"
+        )
     verb = "hold new requests at" if action.type == "drain" else "admit requests again at"
     return Plan("gateway", f"{verb} the gateway of {gateway.target}")
 
@@ -65,11 +79,22 @@ async def execute_gateway(
         return Outcome("succeeded", f"in-flight cap {before} -> {after}", {"before": before, "limit": after})
     if action.type == "throttle_session":
         session = labels["session"]
-        duration = action.breaker_duration or gateway.breaker_default
+        base = action.breaker_duration or gateway.breaker_default
         alert = labels.get("alertname", action.name)
-        await gateway.open_breaker(session, duration, f"alert {alert} fired for this session")
-        ctx.step(action_id, "breaker_open", session=session, seconds=duration)
-        return Outcome("succeeded", f"breaker of session {session} open for {format_duration(duration)}")
+        duration, offence = await gateway.open_breaker(
+            session,
+            base,
+            f"alert {alert} fired for this session",
+            max_duration=max(base, action.breaker_max_duration),
+            reset_after=action.breaker_reset_after,
+        )
+        ctx.step(action_id, "breaker_open", session=session, seconds=duration, offence=offence)
+        repeat = f" (repeat offence {offence})" if offence > 1 else ""
+        return Outcome(
+            "succeeded",
+            f"breaker of session {session} open for {format_duration(duration)}{repeat}",
+            {"seconds": duration, "offence": offence},
+        )
     drained = action.type == "drain"
     ctx.store.set_drain(
         ctx.target.name, drained, ctx.clock(), action_id

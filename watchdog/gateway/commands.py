@@ -17,6 +17,7 @@ from typing import Any
 
 from .codec import decode, encode
 from .config import GatewayConfig
+from .offences import Escalation, Offences
 from .server import GatewayServer
 from .throttle import ThrottleSpec
 
@@ -65,6 +66,7 @@ class GatewayCommands:
             0  # times the lease ran out with something held (the controller re-syncs when it sees it)
         )
         self.fresh = True  # no controller has restored state into this gateway yet
+        self.offences = Offences(server.config.sessions.max_sessions)  # see offences.py for why here
         self._ops: dict[str, Callable[[Mapping[str, Any]], Any]] = {
             "hello": self._hello,
             "restore": self._restore,
@@ -142,6 +144,9 @@ class GatewayCommands:
             ok = isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float))
             if ok and value[0] > 0:
                 self.server.gate.open_breaker(str(session), now + float(value[0]), str(value[1]))
+        offences = args.get("offences")
+        if isinstance(offences, dict):
+            self.offences.restore(offences, now)
 
     def _hold(self, args: Mapping[str, Any]) -> list[int]:
         spec = ThrottleSpec.from_json(args.get("spec"))
@@ -153,9 +158,20 @@ class GatewayCommands:
     def _release(self, args: Mapping[str, Any]) -> None:
         self.server.throttle.release(_str(args, "key"))
 
-    def _open_breaker(self, args: Mapping[str, Any]) -> None:
-        until = self.monotonic() + _seconds(args, "seconds")
-        self.server.gate.open_breaker(_str(args, "session"), until, str(args.get("reason", ""))[:1024])
+    def _open_breaker(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Refuse a session for `seconds`, doubled per repeat offence up to `max_seconds` (default: no
+        doubling) while the session was not clean for `reset_after` seconds since its last breaker ended."""
+        session, base = _str(args, "session"), _seconds(args, "seconds")
+        cap = _seconds(args, "max_seconds") if "max_seconds" in args else base
+        reset_after = _seconds(args, "reset_after") if "reset_after" in args else 0.0
+        now, gate = self.monotonic(), self.server.gate
+        until = gate.breakers().get(session, (now, ""))[0]
+        escalation = Escalation(base, cap, reset_after)
+        offence, seconds = self.offences.offend(session, escalation, now, ongoing=until > now)
+        seconds = max(seconds, until - now)  # a second alert never shortens an open breaker
+        gate.open_breaker(session, now + seconds, str(args.get("reason", ""))[:1024])
+        self.server.signals.settle(session)
+        return {"seconds": seconds, "offence": offence}
 
     def _close_breaker(self, args: Mapping[str, Any]) -> None:
         self.server.gate.close_breaker(_str(args, "session"))
@@ -184,7 +200,8 @@ class GatewayCommands:
         breakers = {s: [until - now, reason] for s, (until, reason) in self.server.gate.breakers().items()}
         throttle = self.server.throttle.state()
         throttle.pop("seconds_since_change", None)  # changes every tick; not worth an fsync
-        return {"throttle": throttle, "breakers": breakers}
+        offences = {s: [n, left] for s, (n, left) in self.offences.records(now).items()}
+        return {"throttle": throttle, "breakers": breakers, "offences": offences}
 
     def _status(self, args: Mapping[str, Any]) -> dict[str, Any]:
         gate, now = self.server.gate, self.monotonic()
@@ -197,6 +214,10 @@ class GatewayCommands:
             "breakers": {
                 s: {"seconds_left": round(until - now, 3), "reason": reason}
                 for s, (until, reason) in gate.breakers().items()
+            },
+            "offences": {
+                s: {"offences": n, "seconds_until_clean": round(left, 3)}
+                for s, (n, left) in self.offences.records(now).items()
             },
         }
 

@@ -123,7 +123,8 @@ class GatewayControl:
             self._holds_seen.setdefault(str(key), now)
 
     def _saved(self) -> dict[str, Any]:
-        """The persisted state as the restore command takes it (breaker ends as seconds left)."""
+        """The persisted state as the restore command takes it (breaker ends and the time until a session's
+        offences are forgotten as seconds left)."""
         saved = self.store.get(self._key)
         if not isinstance(saved, dict):
             return {}
@@ -134,7 +135,13 @@ class GatewayControl:
             for session, value in (breakers if isinstance(breakers, dict) else {}).items()
             if isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float))
         }
-        return {"throttle": saved.get("throttle"), "breakers": left}
+        offences = saved.get("offences")
+        records = {
+            str(session): [value[0], float(value[1]) - now_wall]
+            for session, value in (offences if isinstance(offences, dict) else {}).items()
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[1], (int, float))
+        }
+        return {"throttle": saved.get("throttle"), "breakers": left, "offences": records}
 
     async def _request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
         """One command; a gateway that died is started again first, and the command sent to the new one."""
@@ -172,6 +179,14 @@ class GatewayControl:
         await self.persist()
         return int(before), int(after)
 
+    def keep(self, key: str) -> bool:
+        """The alert behind hold `key` was resent, still firing: the hold stays, not tightened again; False
+        if the gateway no longer has it (its lease lapsed, or it went quiet past HOLD_TTL): hold again."""
+        if key not in self._holds_seen:
+            return False
+        self._holds_seen[key] = self.monotonic()
+        return True
+
     def release(self, key: str) -> None:
         """The alert behind a hold resolved: recovery starts once no hold is left."""
         self._holds_seen.pop(key, None)
@@ -181,10 +196,26 @@ class GatewayControl:
         await self._request("release", {"key": key})
         await self.persist()
 
-    async def open_breaker(self, session: str, duration: float, reason: str) -> None:
-        """Refuse a session's requests for `duration` seconds."""
-        await self._request("open_breaker", {"session": session, "seconds": duration, "reason": reason})
+    async def open_breaker(
+        self,
+        session: str,
+        duration: float,
+        reason: str,
+        *,
+        max_duration: float | None = None,
+        reset_after: float = 0.0,
+    ) -> tuple[float, int]:
+        """Refuse a session's requests for `duration` seconds, doubled per repeat offence up to `max_duration`
+        (None: never doubled) until the session stays clean `reset_after` seconds after its last breaker;
+        returns the seconds it got and which offence this is (1: the first)."""
+        args: dict[str, Any] = {"session": session, "seconds": duration, "reason": reason}
+        if max_duration is not None:
+            args |= {"max_seconds": max_duration, "reset_after": reset_after}
+        answer = await self._request("open_breaker", args)
         await self.persist()
+        if isinstance(answer, dict):  # a gateway older than the offence record answers nothing
+            return float(answer.get("seconds", duration)), int(answer.get("offence", 1))
+        return duration, 1
 
     async def close_breaker(self, session: str) -> None:
         """Admit a session again."""
@@ -249,15 +280,25 @@ class GatewayControl:
         return window_quantile(SIGNAL_QUANTILE, self._history[0][1], self._history[-1][1])
 
     def _save(self, state: Mapping[str, Any]) -> None:
-        """Persist the throttle and breakers (breaker ends as wall-clock times) when they changed."""
+        """Persist the throttle, breakers and offences (their ends as wall-clock times) when they changed."""
         wall = self.clock()
         left = state.get("breakers")
         breakers = {
             s: [wall + float(v[0]), v[1]] for s, v in (left if isinstance(left, dict) else {}).items()
         }
-        doc = {"throttle": state.get("throttle"), "breakers": breakers}
+        records = state.get("offences")
+        offences = {
+            s: [v[0], wall + float(v[1])] for s, v in (records if isinstance(records, dict) else {}).items()
+        }
+        doc = {"throttle": state.get("throttle"), "breakers": breakers, "offences": offences}
         # Seconds left shrink every tick: compare whole seconds, so an unchanged breaker is not rewritten.
-        text = json.dumps({**doc, "breakers": {s: [round(v[0]), v[1]] for s, v in breakers.items()}})
+        text = json.dumps(
+            {
+                **doc,
+                "breakers": {s: [round(v[0]), v[1]] for s, v in breakers.items()},
+                "offences": {s: [v[0], round(v[1])] for s, v in offences.items()},
+            }
+        )
         if text != self._persisted:
             self.store.put(self._key, doc)
             self._persisted = text
@@ -288,6 +329,7 @@ class GatewayControl:
             "draining": status["draining"],
             "throttle": status["throttle"],
             "breakers": status["breakers"],
+            "offences": status.get("offences", {}),
         }
 
     async def aclose(self, grace: float) -> None:
