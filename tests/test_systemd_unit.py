@@ -154,6 +154,7 @@ def test_watchdog_unit_settings() -> None:
         "SystemCallArchitectures": "native",
         "LockPersonality": "yes",
         "DevicePolicy": "closed",
+        "LimitNOFILE": "65536",  # not the default 1,024: clients cannot leave the daemon without descriptors
     }
     assert {k: last(unit, k) for k in expected} == expected
     assert last(unit, "StartLimitIntervalSec", "Unit") and last(unit, "StartLimitBurst", "Unit")

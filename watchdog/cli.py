@@ -18,6 +18,7 @@ from .config import Config
 from .daemon import Daemon, load_all
 from .durations import parse_size
 from .errors import ConfigError
+from .fdlimits import raise_open_files_limit
 from .monitor import Monitor
 from .promql.compile import compile_expr
 from .promql.engine import Engine
@@ -54,6 +55,7 @@ def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | No
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     logs.setup(args.log_level, fmt=args.log_format)
+    raise_open_files_limit()  # first: the listeners size their connection caps from it
     try:
         daemon = Daemon(
             args.config,

@@ -39,6 +39,7 @@ from .clockwatch import ClockWatch
 from .config import Config, load_config
 from .errors import ConfigError
 from .evaluation import RuleEvaluation
+from .fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
 from .gateway.feed import GatewayFeed
 from .gateway.process import process_link
 from .gateway.metrics import GatewayCollector, exposition
@@ -304,6 +305,8 @@ class Daemon:
         if not config.listens_on_loopback:
             log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
         loop = asyncio.get_running_loop()
+        AcceptErrors().install(loop)  # out of descriptors at accept: a line a minute, not a traceback each
+        fd_guard = FdReserve()  # descriptors that API clients cannot take from scrapes and state writes
         self.stop_event = asyncio.Event()
         path, max_bytes, keep = self.record
         if path is not None:
@@ -349,6 +352,7 @@ class Daemon:
         self.self_feed = SelfFeed(mon.store, own, f"{host}:{config.listen_port}", lambda: mon.keep_names)
         registry.register(GatewayCollector(lambda: g.snapshot if (g := self._actions().gateway) else None))
         registry.register(ListenerCollector("vllm_watchdog_api_", lambda: self.api_listener))
+        registry.register(FdCollector(fd_guard))
         app = build_app(
             self._monitor,
             self._evaluation,
@@ -375,7 +379,7 @@ class Daemon:
         self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.scheduler.add_listener(self._on_submitted, EVENT_JOB_SUBMITTED)
         self._schedule(config)
-        sock = _bind(config.listen_host, config.listen_port)  # fails loudly if in use
+        sock = reserving_listener(config.listen_host, config.listen_port, fd_guard)  # fails loudly if in use
         server_task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
             if server_task.done():
@@ -483,19 +487,6 @@ def _job_kind(job_id: object) -> str:
 def _api_error_body(status: int, reason: str, message: str) -> bytes:
     """The own API's JSON error (as controlapi.error_response writes it), for the listener's refusals."""
     return json.dumps({"status": "error", "error": message, "reason": reason}).encode()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.set_inheritable(True)
-    return sock
 
 
 async def _cancel(running: set[asyncio.Task[Any]], grace: float) -> None:
