@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import logs
 from ..errors import ConfigError
+from ..fdlimits import raise_open_files_limit
 from ..sdnotify import Notifier
 from .channel import ChannelError, ControlClient, ControlServer, default_socket_path
 from .codec import decode, encode
@@ -61,6 +62,9 @@ class GatewaySpec:
 
 def serve(spec: GatewaySpec, env: Mapping[str, str] | None = None) -> int:
     """Run the gateway until SIGTERM/SIGINT; the exit code says why it ended."""
+    # First: the listener sizes its connection cap (at most half the soft limit, the rest left for upstream
+    # connections and the control channel) from the limit in force when it starts.
+    raise_open_files_limit()
     server = GatewayServer(spec.gateway)
     try:
         server.start()

@@ -19,6 +19,7 @@ try:
 except ImportError:  # uvloop is optional; asyncio's loop is slower
     from asyncio import new_event_loop  # type: ignore[assignment]
 
+from ..fdlimits import AcceptErrors
 from ..listener import Listener, ListenerLimits
 from .admission import Gate
 from .backoff import UpstreamBackoff
@@ -109,6 +110,7 @@ class GatewayServer:
     def _run(self, sock: socket.socket, ready: threading.Event) -> None:
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
+        AcceptErrors().install(loop)  # out of descriptors at accept: a line a minute, not a traceback each
         try:
             loop.run_until_complete(self._serve(sock, ready))
         except BaseException as exc:  # reported by start() if it happens before serving
