@@ -9,6 +9,12 @@ A fixed number of agents (the only concurrency) each run one session after anoth
 - json: /v1/completions over a transcript of JSON tool calls that grows by one call per step.
 - oneshot: single chat requests (summaries) of a few batch users (OpenAI `user` field, X-Priority: batch).
 
+Agent i starts with kind i of the list above (then draws by weight), so that a few agents cover the mix
+however fast the server answers. Besides the agents, `Mix.loopers` adds two agents that loop and then behave
+(`Looper`): one sends the same tool call back to back until its breaker opens, then goes on with ordinary
+steps at once, waiting out each 429 by its Retry-After; the other loops, is broken, goes quiet for
+`quiet_after` seconds (longer than its breaker) and comes back with ordinary steps.
+
 Every chat session shares one system prompt (a shared prefix) and tool list, each session's prompt extends
 its previous one (prefix-cache hits), and a session whose prompt nears the tiny model's 2,048 positions
 clears its oldest tool results down to half of it in one go, as agents' context editing does. Between steps
@@ -20,6 +26,7 @@ Deterministic for a seed, bounded in requests by the deadline and in time by the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sysconfig
@@ -61,6 +68,7 @@ TOOLS = [
 ]
 KINDS = {"coder": 0.35, "research": 0.25, "json": 0.2, "oneshot": 0.2}
 BATCH_USERS = 3
+LOOP_THINK = (0.2, 0.5)  # a looping agent does not think: it calls the same tool again at once
 
 
 @dataclass
@@ -88,6 +96,8 @@ class Mix:
     max_tokens: tuple[int, int] = (8, 48)
     request_timeout: float = 120.0
     seed: int = 7
+    loopers: bool = False  # add the two agents that loop and then behave
+    quiet_after: float = 80.0  # seconds the quiet looper stays silent once broken (longer than its breaker)
 
 
 @dataclass
@@ -128,6 +138,12 @@ class Traffic:
         self.stats: dict[str, KindStats] = {}
         self.sessions: dict[str, int] = {}  # sessions started, by kind
         self.corpus = _Corpus()
+        self.failures: list[tuple[float, float, str, str]] = []  # (start, end, kind, what) of failed requests
+        self.loopers = (
+            [Looper("soak-looper-behaves", 0.0, 2.0), Looper("soak-looper-quiet", mix.quiet_after, 4.0)]
+            if mix.loopers
+            else []
+        )
         self._deadline = 0.0
 
     async def run(self, seconds: float) -> None:
@@ -136,7 +152,8 @@ class Traffic:
         timeout = httpx.Timeout(self.mix.request_timeout, connect=5.0)
         limits = httpx.Limits(max_connections=self.mix.agents + 2)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            await asyncio.gather(*(self._agent(client, i) for i in range(self.mix.agents)))
+            agents = [self._agent(client, i) for i in range(self.mix.agents)]
+            await asyncio.gather(*agents, *(self._loop(client, looper) for looper in self.loopers))
 
     def _live(self) -> bool:
         return self.clock() < self._deadline
@@ -149,7 +166,7 @@ class Traffic:
         kinds, weights = list(KINDS), list(KINDS.values())
         n = 0
         while self._live():
-            kind = rng.choices(kinds, weights)[0]
+            kind = kinds[index % len(kinds)] if n == 0 else rng.choices(kinds, weights)[0]
             self.sessions[kind] = self.sessions.get(kind, 0) + 1
             session = f"soak-{kind}-{index}-{n}"
             n += 1
@@ -262,6 +279,84 @@ class Traffic:
             )
         return self.corpus.slice(rng, (100, 500), args.get("path"))
 
+    # -- agents that loop, then behave -------------------------------------------------------------------
+    async def _loop(self, client: httpx.AsyncClient, looper: Looper) -> None:
+        rng = random.Random(f"{self.mix.seed}-{looper.session}")
+        await self._pause(rng, (looper.start_after, looper.start_after))
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Find where the retry limit is set."},
+        ]
+        stuck = ("read_file", {"path": "src/config.py", "start": 1})  # the call it cannot stop making
+        while self._live() and looper.broken_at is None:
+            sent = self.clock()
+            outcome = await self._step(client, looper, messages, *stuck, len(messages))
+            if isinstance(outcome, float):
+                looper.broken_at, looper.retry_after = sent, outcome
+            elif outcome:
+                looper.loop_steps += 1
+                await self._pause(rng, LOOP_THINK)
+            else:
+                return
+        if looper.broken_at is None:
+            return
+        await self._pause(rng, (looper.quiet, looper.quiet))
+        looper.resumed_at = self.clock()
+        for step, (name, args) in enumerate(_coder_calls(rng, 10_000, self.corpus)):
+            outcome: bool | float = False
+            while self._live():
+                sent = self.clock()
+                outcome = await self._step(client, looper, messages, name, args, step)
+                if not isinstance(outcome, float):
+                    break
+                looper.refusals += 1
+                await self._pause(rng, (min(outcome, 10.0), min(outcome, 10.0)))
+            if not self._live() or outcome is False:
+                return
+            looper.steps_after += 1
+            if looper.admitted_at is None:
+                looper.admitted_at = sent
+            await self._pause(rng, self.mix.think)
+
+    async def _step(
+        self,
+        client: httpx.AsyncClient,
+        looper: Looper,
+        messages: list[dict[str, Any]],
+        name: str,
+        args: dict[str, Any],
+        n: int,
+    ) -> bool | float:
+        """One chat step of a looper: True if answered, the Retry-After of a 429 session_breaker, False if it
+        failed (counted as a failed request)."""
+        kind = "looper/json"
+        stats = self.stats.setdefault(kind, KindStats())
+        body = {"model": MODEL, "messages": messages, "tools": TOOLS, "tool_choice": "none", "max_tokens": 8}
+        t0 = self.clock()
+        try:
+            r = await client.post(
+                self.gateway + "/v1/chat/completions", json=body, headers={"X-Session-ID": looper.session}
+            )
+        except httpx.HTTPError as exc:
+            stats.error(type(exc).__name__)
+            self.failures.append((t0, self.clock(), kind, type(exc).__name__))
+            return False
+        if r.status_code == 429 and _error_code(r) == "session_breaker":
+            return float(r.headers.get("retry-after") or 1)
+        if r.status_code != 200:
+            stats.error(f"HTTP {r.status_code}")
+            self.failures.append((t0, self.clock(), kind, f"HTTP {r.status_code}"))
+            return False
+        stats.ok += 1
+        stats.seconds.append(self.clock() - t0)
+        call_id = f"call_{looper.session}_{n}"
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        text = r.json()["choices"][0]["message"]["content"] or ""
+        messages.append({"role": "assistant", "content": text, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": "no such line"})
+        _compact(messages)
+        return True
+
     # -- one request -----------------------------------------------------------------------------------
     async def _send(
         self,
@@ -286,11 +381,10 @@ class Traffic:
                 if stream
                 else _json(client, self.gateway + path, body, headers)
             )
-        except httpx.HTTPError as exc:
-            stats.error(type(exc).__name__)
-            return None
-        except _Failed as exc:
-            stats.error(str(exc))
+        except (httpx.HTTPError, _Failed) as exc:
+            what = type(exc).__name__ if isinstance(exc, httpx.HTTPError) else str(exc)
+            stats.error(what)
+            self.failures.append((t0, self.clock(), kind, what))
             return None
         stats.ok += 1
         stats.seconds.append(self.clock() - t0)
@@ -302,6 +396,29 @@ class Traffic:
 
 class _Failed(Exception):
     """A response that was not a complete success."""
+
+
+@dataclass
+class Looper:
+    """An agent session that repeats one tool call until the gateway breaks it, then behaves: at once
+    (`quiet` 0: each refusal waited out by its Retry-After), or after `quiet` seconds of silence."""
+
+    session: str
+    quiet: float
+    start_after: float  # seconds after traffic start
+    loop_steps: int = 0  # looping requests answered
+    broken_at: float | None = None  # the first 429 session_breaker (traffic clock)
+    retry_after: float | None = None  # what that 429 said
+    resumed_at: float | None = None  # when it began to behave
+    admitted_at: float | None = None  # when its first request after the breaker was sent (and answered)
+    refusals: int = 0  # 429 session_breaker, while behaving
+    steps_after: int = 0  # ordinary steps answered after the breaker
+
+    def held_for(self, end: float) -> float | None:
+        """Seconds from the first refusal to the first admitted request (or to `end` if none was)."""
+        if self.broken_at is None:
+            return None
+        return (self.admitted_at if self.admitted_at is not None else end) - self.broken_at
 
 
 async def _json(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> _Reply:
@@ -336,6 +453,12 @@ async def _stream(
     if not done:
         raise _Failed("no [DONE]")
     return _Reply("".join(parts), usage)
+
+
+def _error_code(r: httpx.Response) -> str | None:
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+        return str(r.json()["error"]["code"])
+    return None
 
 
 def _compact(messages: list[dict[str, Any]]) -> None:

@@ -2,6 +2,7 @@
 
 Usage: flock /tmp/vllm-heavy.lock .venv/bin/python bench/soak.py [--duration 30m] [--agents 4] [--warmup 5m]
            [--sample-interval 10s] [--json FILE] [--vllm-url URL | --vllm-arg ARG ...] [--workdir DIR]
+           [--pause-hold 150s] [--pause-gap 120s] [--no-pauses] [--breaker 60s] [--no-loopers]
 
 What runs (all on 127.0.0.1, free ports):
 - the watchdog with the embedded defaults (watchdog/defaults/config.yml: the bundled vLLM and gateway rules,
@@ -10,10 +11,18 @@ What runs (all on 127.0.0.1, free ports):
   this script, which records every alert sent;
 - vLLM (CPU, the tiny model): by default launched by the watchdog itself in process mode (the target's
   `command:` is scripts/serve-vllm.sh --enable-prompt-tokens-details, plus --vllm-arg), as the demo does, so
-  a restart or relaunch that a false alarm routes would really happen. With --vllm-url the soak watches a vLLM
-  you started (a watch-only target: restarts are refused, but the refusal is still an audit row counted here);
+  a restart or relaunch that a false alarm routes would really happen. It runs in dev mode
+  (VLLM_SERVER_DEV_MODE=1, the target's `env:`) so that it can be paused. With --vllm-url the soak watches a
+  vLLM you started (a watch-only target: restarts are refused, but the refusal is still an audit row counted
+  here; pausing it needs dev mode there too, or --no-pauses);
 - the agent traffic of bench/_soak_traffic.py through the gateway: --agents sessions at a time (the only
-  concurrency), for --duration, then the agents stop by themselves.
+  concurrency), for --duration, then the agents stop by themselves;
+- operator behaviour: an operator (bench/_soak_operator.py) pauses vLLM every --pause-gap for --pause-hold
+  in turn with mode keep, wait and abort, then resumes it (as RL trainers do around weight updates); and two
+  agents loop (the same tool call back to back) until the bundled route breaks their session, then behave: one
+  at once, waiting out each 429, the other after a silence longer than its breaker. The bundled
+  session-breaker's duration is set to --breaker (60 s; the bundled 5 minutes would outlast a short soak), its
+  other settings kept.
 
 Measured: requests by kind and their errors; every alert the watchdog sent (webhook) and every state seen by
 polling GET /api/v1/alerts every 2 s; the audit log (GET /api/v1/actions); the watchdog process's CPU time
@@ -23,9 +32,12 @@ slope over the samples after warm-up (MiB per hour) and end/warm. The sample sto
 (40 minutes with the bundled rules: the longest range a rule reads) and RSS grows with it until then, so the
 report also samples the store's size from /metrics and says how much RSS growth it does not explain.
 
-Verdict: PASS when no action was taken (no audit row at all), no critical alert fired and every request
-succeeded; otherwise FAIL with what fired, exit status 1. Everything started is stopped on exit, Ctrl-C and
-SIGTERM included (the process-mode vLLM too: the watchdog leaves it running by design).
+Verdict: PASS when no wrong action was taken (no audit row but the loopers' session-breakers), no critical
+alert fired, no request was lost, the behaving looper was let back in within its breaker (+10 s) and the quiet
+one at once; otherwise FAIL with what happened, exit status 1. Requests that an abort pause ended (in flight
+when it was asked for, failed by the time it answered + 5 s) are not lost by the watchdog: the operator
+aborted them on purpose; they are counted apart (aborted_by_pause). Everything started is stopped on exit,
+Ctrl-C and SIGTERM included (the process-mode vLLM too: the watchdog leaves it running by design).
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from typing import Any
 
 import httpx
 import yaml
+from _soak_operator import Operator, judge
 from _soak_traffic import Mix, Traffic
 
 from vllm_watchdog.durations import parse_duration
@@ -62,6 +75,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 ALERT_POLL = 2.0  # seconds between GET /api/v1/alerts
 # What the watchdog holds that may grow with time, from its /metrics: RSS growth is read against these (the
 # sample store fills up to its retention, the longest range a rule reads: 40 minutes with the bundled rules).
+_GENERIC = (" audit row(s), ", " request(s) failed")  # build_report's reasons that judge() replaces
 SIZES = re.compile(
     r"^vllm_watchdog_(store_samples|store_series|gateway_sessions_tracked)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M
 )
@@ -80,6 +94,11 @@ class Options:
     ready_timeout: float = 600.0
     workdir: Path | None = None
     seed: int = 7
+    pauses: bool = True  # the operator pauses and resumes vLLM (needs dev mode)
+    pause_hold: float = 150.0  # seconds each pause lasts: longer than every bundled for: on hung or stalled
+    pause_gap: float = 120.0  # seconds of serving before each pause
+    loopers: bool = True  # two agents loop, are broken, then behave
+    breaker: float = 60.0  # the bundled session-breaker's duration, for this soak
 
 
 def free_port() -> int:
@@ -142,6 +161,9 @@ def watchdog_config(
         target["url"] = f"http://127.0.0.1:{vllm_port}"
         serve = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vllm_port)]
         target["command"] = [*serve, "--enable-prompt-tokens-details", *opts.vllm_args]
+        target["env"] = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /is_paused
+    bundled = yaml.safe_load((ROOT / "rules" / "watchdog.yml").read_text())["actions"]["session-breaker"]
+    cfg["actions"] = {"session-breaker": {**bundled, "duration": f"{opts.breaker:g}s"}}
     cfg["notifiers"] = [{"type": "webhook", "name": "soak", "url": hook}]
     cfg["dry_run"] = False
     return cfg
@@ -350,12 +372,22 @@ class Observer:
 # -- the soak --------------------------------------------------------------------------------------
 async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], None]) -> dict[str, Any]:
     assert stack.proc is not None
-    traffic = Traffic(stack.gateway, Mix(agents=opts.agents, seed=opts.seed))
+    mix = Mix(
+        agents=opts.agents,
+        seed=opts.seed,
+        request_timeout=max(120.0, opts.pause_hold + 60.0) if opts.pauses else 120.0,
+        loopers=opts.loopers,
+        quiet_after=opts.breaker + 20.0,
+    )
+    traffic = Traffic(stack.gateway, mix)
+    vllm = opts.vllm_url or f"http://127.0.0.1:{stack.vllm_port}"
+    operator = Operator(vllm, hold=opts.pause_hold, gap=opts.pause_gap)
     stop = asyncio.Event()
     async with httpx.AsyncClient(trust_env=False) as client:
         observer = Observer(stack.api, stack.proc.pid, client)
         t0, wall0 = time.monotonic(), time.time()
         run = asyncio.create_task(traffic.run(opts.duration))
+        pausing = asyncio.create_task(operator.run(opts.duration)) if opts.pauses else None
         watchers = [
             asyncio.create_task(observer.alerts_loop(stop)),
             asyncio.create_task(observer.sample_loop(t0, opts.sample_interval, stop)),
@@ -368,8 +400,12 @@ async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], 
             if task is not None and task.cancelling():
                 raise  # Ctrl-C: not ours
         finally:
+            if pausing is not None:
+                pausing.cancel()  # it resumes a pause it made before it ends
+                await asyncio.gather(pausing, return_exceptions=True)
             stop.set()
             await asyncio.gather(*watchers, return_exceptions=True)
+        end = time.monotonic()
         alive = stack.proc.poll() is None
         if alive:
             await observer.sample(t0)
@@ -379,7 +415,24 @@ async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], 
             gateway = (await client.get(stack.api + "/api/v1/gateway", timeout=30)).json()
         else:
             actions, gateway = {"history": [], "watchdog_alerts": []}, {}
-    return build_report(opts, traffic, observer, hooks, actions, gateway, alive, stack, wall0)
+    report = build_report(opts, traffic, observer, hooks, actions, gateway, alive, stack, wall0)
+    return with_operator(report, opts, traffic, operator, t0, end)
+
+
+def with_operator(
+    report: dict[str, Any], opts: Options, traffic: Traffic, operator: Operator, t0: float, end: float
+) -> dict[str, Any]:
+    """The report judged with the operator's behaviour: the loopers' breakers are right actions, requests an
+    abort pause ended are not lost (bench/_soak_operator.py, judge)."""
+    part, reasons = judge(
+        report["actions"], traffic.failures, operator.pauses, traffic.loopers, opts.breaker, t0, end
+    )
+    report["operator"] = part
+    report["requests"]["aborted_by_pause"] = part["aborted_by_pause"]
+    report["requests"]["lost"] = part["lost"]
+    kept = [r for r in report["verdict"]["reasons"] if not any(g in r for g in _GENERIC)]
+    report["verdict"] = {"pass": not (kept or reasons), "reasons": kept + reasons}
+    return report
 
 
 async def _progress(
@@ -582,7 +635,10 @@ def print_report(r: dict[str, Any]) -> None:
     """The report, for people."""
     req = r["requests"]
     print(f"mode: {r['mode']}; vLLM ready after {r['ready_seconds']}s; workdir {r['workdir']}")
-    print(f"requests: {req['ok']} ok, {req['errors']} failed; sessions {req['sessions']}")
+    print(
+        f"requests: {req['ok']} ok, {req['errors']} failed ({req.get('aborted_by_pause', 0)} ended by an "
+        f"abort pause, {req.get('lost', req['errors'])} lost); sessions {req['sessions']}"
+    )
     for kind, k in req["by_kind"].items():
         errs = f" errors {k['errors']}" if k["errors"] else ""
         print(f"  {kind:18} {k['ok']:6} ok  p50 {k['p50_s']}s p95 {k['p95_s']}s{errs}")
@@ -598,6 +654,20 @@ def print_report(r: dict[str, Any]) -> None:
     for a in r["actions"]:
         print(f"  #{a['id']} {a['action']} {a['outcome']} for {_cause(a)}: {a['reason']}")
     print(f"gateway at the end: {r['gateway']}; canary failing in {r['canary_failures_sampled']} samples")
+    op = r.get("operator") or {}
+    for p in op.get("pauses", []):
+        print(
+            f"  pause {p['mode']:5} asked at {p['asked_at']}s, paused at {p['paused_at']}s, "
+            f"resumed at {p['resumed_at']}s{' ' + str(p['errors']) if p['errors'] else ''}"
+        )
+    for lp in op.get("loopers", []):
+        print(
+            f"  looper {lp['session']} (quiet {lp['quiet_s']:g}s): {lp['loop_steps']} looping steps, "
+            f"broken at {_s(lp['broken_at_s'])} (Retry-After {lp['retry_after_s']}), "
+            f"held {_s(lp['held_for_s'])}, "
+            f"{lp['refusals_while_behaving']} refusals while behaving, {lp['steps_after']} steps after; "
+            f"breaker applied {lp['breakers_applied']}x ({lp['breaker_rows']} audit rows)"
+        )
     res = r["resources"]
     print(
         f"watchdog CPU: {res['cpu_seconds']} s = {res['cpu_percent_of_core']}% of one core\n"
@@ -615,10 +685,14 @@ def print_report(r: dict[str, Any]) -> None:
         )
     v = r["verdict"]
     print(
-        "verdict: PASS (no action, no critical alert, no failed request)"
+        "verdict: PASS (no wrong action, no critical alert, no lost request, loopers let back in)"
         if v["pass"]
         else "verdict: FAIL: " + "; ".join(v["reasons"])
     )
+
+
+def _s(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds}s"
 
 
 def main() -> int:
@@ -637,6 +711,11 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--pause-hold", default="150s", help="how long each pause lasts (default 150s)")
+    parser.add_argument("--pause-gap", default="120s", help="serving time before each pause (default 120s)")
+    parser.add_argument("--no-pauses", action="store_true", help="no pause/resume cycles")
+    parser.add_argument("--breaker", default="60s", help="the session-breaker's duration (default 60s)")
+    parser.add_argument("--no-loopers", action="store_true", help="no agents that loop")
     args = parser.parse_args()
     duration = parse_duration(args.duration)
     warmup = parse_duration(args.warmup) if args.warmup else min(300.0, duration / 6)
@@ -650,6 +729,11 @@ def main() -> int:
         ready_timeout=parse_duration(args.ready_timeout),
         workdir=args.workdir,
         seed=args.seed,
+        pauses=not args.no_pauses,
+        pause_hold=parse_duration(args.pause_hold),
+        pause_gap=parse_duration(args.pause_gap),
+        loopers=not args.no_loopers,
+        breaker=parse_duration(args.breaker),
     )
 
     def interrupted(signum: int, frame: object) -> None:
