@@ -41,8 +41,8 @@ from .errors import ConfigError
 from .evaluation import RuleEvaluation
 from .fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
 from .gateway.feed import GatewayFeed
-from .gateway.process import process_link
 from .gateway.metrics import GatewayCollector, exposition
+from .gateway.process import process_link
 from .listener import Listener, ListenerCollector, ListenerLimits
 from .monitor import Monitor
 from .redact import config_secrets
@@ -330,7 +330,9 @@ class Daemon:
         self._attach_gpu(config)
         kwargs: dict[str, Any] = {} if self.docker_client is None else {"docker_client": self.docker_client}
         if self.external_gateway:
-            kwargs["gateway_link"] = lambda gw, state_dir: process_link(replace(gw, supervise=False), state_dir)
+            kwargs["gateway_link"] = lambda gw, state_dir: process_link(
+                replace(gw, supervise=False), state_dir
+            )
         self.actions = ActionPlane(
             config,
             lambda: self._evaluation().engine,
