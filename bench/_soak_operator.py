@@ -168,11 +168,12 @@ def judge(
         if looper.broken_at is None:
             if end - t0 > looper.start_after + 60:
                 reasons.append(f"{looper.session} looped {looper.loop_steps} steps and was never broken")
-        elif looper.quiet and looper.refusals:
-            reasons.append(
-                f"{looper.session} came back after {looper.quiet:.0f} s of silence (breaker {breaker:.0f} s) "
-                f"and was refused {looper.refusals} time(s)"
-            )
+        elif looper.quiet:
+            if looper.refusals:
+                reasons.append(
+                    f"{looper.session} came back after {looper.quiet:.0f} s of silence (breaker "
+                    f"{breaker:.0f} s) and was refused {looper.refusals} time(s)"
+                )
         elif held is not None and held > breaker + BREAKER_SLACK:
             still = "" if looper.admitted_at is not None else ", and still was at the end"
             reasons.append(
@@ -186,6 +187,17 @@ def judge(
         )
     report = {
         "pauses": [p.to_json(t0) for p in pauses],
+        "failures": [
+            {
+                "start_s": round(a - t0, 1),
+                "end_s": round(b - t0, 1),
+                "kind": k,
+                "what": w,
+                "aborted": f in aborted,
+            }
+            for f in failures
+            for a, b, k, w in [f]
+        ],
         "aborted_by_pause": len(aborted),
         "lost": len(lost),
         "loopers": looped,
