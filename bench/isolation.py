@@ -259,7 +259,10 @@ def main() -> int:
         for pid in gateways:
             kill_gateway(pid)
         for proc in reversed(procs):
-            stop(proc)
+            with contextlib.suppress(ProcessLookupError):  # not a group leader (nginx): end it directly
+                stop(proc)
+            if proc.poll() is None:
+                proc.kill()
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
