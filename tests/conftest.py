@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +16,42 @@ from faultserver import FaultServer
 FIXTURES = Path(__file__).parent / "fixtures"
 
 pytest_plugins = ["vllm_server", "docker_engine", "watchdogproc"]
+
+# Every process a test starts inherits this mark, so that gateway processes left behind can be found. A gateway
+# outlives a daemon killed with SIGKILL by design (the data plane keeps serving); a test's cleanup kills the
+# daemon that way, and the orphan would otherwise hold its port and memory until the session ends.
+SESSION_MARK = f"VLLM_WATCHDOG_TEST_SESSION={uuid.uuid4().hex}"
+os.environ["VLLM_WATCHDOG_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+
+
+def orphaned_gateways() -> list[int]:
+    """Gateway processes of this test session whose parent is gone."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"vllm_watchdog.gateway" not in (entry / "cmdline").read_bytes():
+                continue
+            if SESSION_MARK.encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            ppid = next(
+                line for line in (entry / "status").read_text().splitlines() if line.startswith("PPid:")
+            )
+        except (OSError, StopIteration):
+            continue
+        if int(ppid.split()[1]) == 1 or not Path(f"/proc/{ppid.split()[1]}").exists():
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_orphaned_gateways() -> Iterator[None]:
+    """After each test module: gateway processes it left behind (their daemon killed) are stopped."""
+    yield
+    for pid in orphaned_gateways():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
