@@ -48,6 +48,9 @@ FAULT_ONLY = {
     "the watchdog keeps it in its own store (it is not on /metrics)",
     '{code=~"5..", code!="503", __name__="vllm_watchdog_gateway_responses_total"}': "the gateway has a series "
     "per status code it sent; 5xx other than 503 (drain) only come from failed forwarding (502/504) or vLLM errors",
+    "vllm_watchdog_engine_paused": "read from vLLM's /is_paused, which only a vLLM in dev mode "
+    "(VLLM_SERVER_DEV_MODE=1) serves; the shared test vLLM is not (tests/test_chaos_pause.py runs one that is)",
+    "vllm_watchdog_engine_sleeping": "read from vLLM's /is_sleeping, dev mode only, as above",
 }
 RULES = """groups:
   - name: dashboard-test
