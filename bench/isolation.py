@@ -220,6 +220,7 @@ def main() -> int:
         api, gw = free_port(), free_port()
         daemon, pid = start_daemon(daemon_config(tmp, api, gw, up, [], rules=False), api, tmp / "a.log")
         gateways.append(pid)
+        time.sleep(plan.settle)  # past the daemon's start-up (imports, first scrapes), as in (b)
         rows.append(latency(plan, up, gw, pid, "(a) daemon idle"))
         stop(daemon)
         kill_gateway(pid)
