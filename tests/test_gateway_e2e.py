@@ -309,9 +309,16 @@ def test_cached_token_ratios_match_what_vllm_reported(
         key = (name, (("session", "cachey"), ("target", "vllm-0")))
         return wd.metrics().get(key, -1.0)
 
+    # Wait on the values asserted, not on the request counter: a request is counted when it is admitted, its
+    # tokens when its (streamed) response has ended, and both reach /metrics at the daemon's next tick. A
+    # request whose usage were lost would keep the totals short until the deadline and fail below.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and exported("vllm_watchdog_gateway_session_requests_total") < 5:
+    while time.monotonic() < deadline and (
+        exported("vllm_watchdog_gateway_session_prompt_tokens_total") != seen_prompt
+        or exported("vllm_watchdog_gateway_session_cached_tokens_total") != seen_cached
+    ):
         time.sleep(0.3)
+    assert exported("vllm_watchdog_gateway_session_requests_total") == 5
     assert exported("vllm_watchdog_gateway_session_prompt_tokens_total") == seen_prompt
     assert exported("vllm_watchdog_gateway_session_cached_tokens_total") == seen_cached
     assert exported("vllm_watchdog_gateway_session_prefix_cache_hit_ratio") == pytest.approx(
