@@ -24,8 +24,8 @@ SESSION_MARK = f"VLLM_WATCHDOG_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["VLLM_WATCHDOG_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
 
 
-def orphaned_gateways() -> list[int]:
-    """Gateway processes of this test session whose parent is gone."""
+def orphaned_gateways(everyone: bool = False) -> list[int]:
+    """Gateway processes of this test session whose parent is gone (all of them with `everyone`)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -40,9 +40,18 @@ def orphaned_gateways() -> list[int]:
             )
         except (OSError, StopIteration):
             continue
-        if int(ppid.split()[1]) == 1 or not Path(f"/proc/{ppid.split()[1]}").exists():
+        if everyone or int(ppid.split()[1]) == 1 or not Path(f"/proc/{ppid.split()[1]}").exists():
             found.append(int(entry.name))
     return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_gateway_outlives_the_session() -> Iterator[None]:
+    """At the end: none is left holding a port, or the output pipe a CI runner waits on."""
+    yield
+    for pid in orphaned_gateways(everyone=True):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(autouse=True, scope="module")
