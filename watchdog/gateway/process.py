@@ -193,18 +193,18 @@ class GatewayProcess:
                 raise OSError(str(exc)) from None
             # Ours (same state_dir, target and listen address), started before a config change: replace it.
             log.warning("stopping a gateway that serves an old config", extra={"why": str(exc)})
-            await self._retire(exc.pid)
+            await self.client.aclose()
+            if exc.pid is not None:
+                await self._retire(exc.pid, 0.0)
         if not self.supervise:  # systemd or compose starts it, and may not have yet
             raise OSError(f"no gateway answers on {self.spec.control_socket}")
         return await self._start()
 
-    async def _retire(self, pid: int | None) -> None:
-        await self.client.aclose()
-        if pid is None:
-            return
+    async def _retire(self, pid: int, grace: float) -> None:
+        """SIGTERM (in-flight requests get `grace` and the gateway's own STOP_GRACE), then SIGKILL."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        deadline = self._monotonic() + STOP_GRACE + 5.0
+        deadline = self._monotonic() + grace + STOP_GRACE + 5.0
         while self._monotonic() < deadline:  # usually not our child: no event to wait on
             if _gone(pid):
                 return
@@ -267,15 +267,7 @@ class GatewayProcess:
         """Whether the gateway process (ours or adopted) still exists."""
         if self._child is not None:
             return self._child.poll() is None
-        if self.pid is None:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self.pid is not None and not _gone(self.pid)
 
     async def request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
         """One command to the gateway (ChannelError if it cannot be reached, CommandRefused if refused)."""
@@ -302,14 +294,7 @@ class GatewayProcess:
         await self.client.aclose()
         if not self.supervise or self.pid is None or not self.alive():
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        deadline = self._monotonic() + grace + STOP_GRACE + 5.0
-        while self.alive() and self._monotonic() < deadline:  # noqa: ASYNC110 - an adopted pid has no event
-            await asyncio.sleep(0.05)
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        await self._retire(self.pid, grace)
         if self._child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._child.wait(1.0)
@@ -331,4 +316,6 @@ def _gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
+    except PermissionError:  # alive, another user's
+        return False
     return False
