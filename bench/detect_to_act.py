@@ -183,7 +183,7 @@ async def measure(
     args: argparse.Namespace, tmp: Path, vllm_url: str, receiver: Receiver, scenarios: list[Scenario]
 ) -> list[Flood]:
     """Run the watchdog in-process and flood vLLM `args.floods` times."""
-    from vllm_watchdog.daemon import Daemon
+    from vllm_watchdog.service.daemon import Daemon
 
     from vllm_server import free_port
 

@@ -1,4 +1,4 @@
-"""Micro-benchmark: prometheus_client's text parser vs. vllm_watchdog.exposition.
+"""Micro-benchmark: prometheus_client's text parser vs. vllm_watchdog.sources.exposition.
 
 Usage: python bench/parse.py [PAYLOAD] [-n RUNS]
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_watchdog.exposition import iter_samples, parse, parse_series
+from vllm_watchdog.sources.exposition import iter_samples, parse, parse_series
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt"
 

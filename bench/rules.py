@@ -18,11 +18,11 @@ import statistics
 import time
 from pathlib import Path
 
-from vllm_watchdog.config import bundled_rules_dir
-from vllm_watchdog.monitor import ALWAYS_KEPT
+from vllm_watchdog.config.model import bundled_rules_dir
 from vllm_watchdog.promql.engine import Engine, vector_query
-from vllm_watchdog.rulefiles import load_rule_files, store_needs
-from vllm_watchdog.rulegroups import RuleManager
+from vllm_watchdog.ruler.files import load_rule_files, store_needs
+from vllm_watchdog.ruler.groups import RuleManager
+from vllm_watchdog.sources.monitor import ALWAYS_KEPT
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, make_labels
 

@@ -34,10 +34,10 @@ import httpx
 from parse import median_seconds  # bench/ is on sys.path when run as a script
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_watchdog.config import GlobalConfig, bundled_rules_dir
-from vllm_watchdog.exposition import parse
-from vllm_watchdog.monitor import ALWAYS_KEPT
-from vllm_watchdog.rulefiles import load_rule_files, store_needs
+from vllm_watchdog.config.model import GlobalConfig, bundled_rules_dir
+from vllm_watchdog.ruler.files import load_rule_files, store_needs
+from vllm_watchdog.sources.exposition import parse
+from vllm_watchdog.sources.monitor import ALWAYS_KEPT
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore
 
@@ -307,7 +307,10 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           f"({p['kept_samples']:.0f} of them named by the bundled rules)")  # fmt: skip
     print(f"\nparse time per payload (median of {args.runs} runs, before any load):")
     rows = {"library": "prometheus_client text_string_to_metric_families"}
-    rows |= {"parse": "vllm_watchdog.exposition.parse", "ingest_all": "ScrapeTarget.ingest, keep_name=None"}
+    rows |= {
+        "parse": "vllm_watchdog.sources.exposition.parse",
+        "ingest_all": "ScrapeTarget.ingest, keep_name=None",
+    }
     rows |= {"ingest_rules": "ScrapeTarget.ingest, keep_name=rule names (daemon)"}
     for key, label in rows.items():
         print(f"  {label:<52}{p[key] * 1e3:8.3f} ms  {p[key] / lib:6.3f}x library")

@@ -68,7 +68,7 @@ import yaml
 from _soak_operator import Operator, judge
 from _soak_traffic import Mix, Traffic
 
-from vllm_watchdog.durations import parse_duration
+from vllm_watchdog.config.durations import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")

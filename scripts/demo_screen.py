@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from vllm_watchdog.top import CLEAR, TopError, fetch, render
+from vllm_watchdog.commands.top import CLEAR, TopError, fetch, render
 
 
 class Screen:

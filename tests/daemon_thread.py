@@ -7,8 +7,8 @@ import resource
 import threading
 from pathlib import Path
 
-from vllm_watchdog.daemon import Daemon
 from vllm_watchdog.listener import ListenerLimits
+from vllm_watchdog.service.daemon import Daemon
 
 from vllm_server import free_port
 

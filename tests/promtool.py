@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from vllm_watchdog.durations import parse_duration
-from vllm_watchdog.seriesnotation import parse_values, unquote
+from vllm_watchdog.config.durations import parse_duration
+from vllm_watchdog.promtool.series import parse_values, unquote
 
 PROMTOOL = "/usr/bin/promtool"
 _EXPR = "    expr: "

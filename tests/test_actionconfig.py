@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.actionconfig import DRAFT_FLAGS, Budget, parse_matcher
-from vllm_watchdog.config import parse_config
+from vllm_watchdog.actions.config import DRAFT_FLAGS, Budget, parse_matcher
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 
 ISSUE_EXAMPLE = """

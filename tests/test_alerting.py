@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from vllm_watchdog.alerting import (
+from vllm_watchdog.goformat import go_float
+from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector
+from vllm_watchdog.ruler.alerting import (
     RESOLVED_RETENTION_MS,
     Alert,
     AlertingRule,
@@ -16,9 +18,7 @@ from vllm_watchdog.alerting import (
     rfc3339,
     rule_json,
 )
-from vllm_watchdog.goformat import go_float
-from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector
-from vllm_watchdog.rulefiles import Rule
+from vllm_watchdog.ruler.files import Rule
 from vllm_watchdog.store import Labels
 
 MIN = 60_000

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_watchdog.config import load_config
+from vllm_watchdog.config.model import load_config
 
 from promtool import PROMTOOL
 

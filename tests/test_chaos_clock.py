@@ -18,22 +18,22 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_watchdog.actionconfig import ActionConfig, Budget, NotifierConfig
+from vllm_watchdog.actions.config import ActionConfig, Budget, NotifierConfig
 from vllm_watchdog.actions.rails import Rails
+from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.alerting import AlertingRule, AlertState, OutgoingAlert
-from vllm_watchdog.daemon import Daemon
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.control import HOLD_TTL, GatewayControl
+from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.throttle import ThrottleSpec
 from vllm_watchdog.notifiers.hub import NotificationHub
 from vllm_watchdog.promql.values import Sample, Vector
-from vllm_watchdog.rulefiles import Rule
+from vllm_watchdog.ruler.alerting import AlertingRule, AlertState, OutgoingAlert
+from vllm_watchdog.ruler.files import Rule
+from vllm_watchdog.service.daemon import Daemon
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore
-from vllm_watchdog.watchdogalerts import RESEND, WatchdogAlerts
 
 from faultserver import FaultServer
 from gateway_upstream import Upstream

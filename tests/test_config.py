@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config import DEFAULTS_NAME, load_config, parse_config
+from vllm_watchdog.config.model import DEFAULTS_NAME, load_config, parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.redact import config_secrets
 

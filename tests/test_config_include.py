@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config import bundled_rules_dir, load_config
+from vllm_watchdog.config.model import bundled_rules_dir, load_config
 from vllm_watchdog.errors import ConfigError
 
 TARGET = "targets: [{name: vllm-0, url: 'http://127.0.0.1:8000', container: vllm-0}]\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.configfiles import UnreadableFileError, read_bounded, read_text, resolve_bundled
+from vllm_watchdog.config.files import UnreadableFileError, read_bounded, read_text, resolve_bundled
 
 
 def test_a_regular_file_is_read_as_utf8(tmp_path: Path) -> None:

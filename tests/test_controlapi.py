@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon
 
 from faultserver import FaultServer
 from test_daemon import PAYLOAD, wait_for

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon
 
 from faultserver import FaultServer
 from vllm_server import free_port

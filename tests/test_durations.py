@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.durations import format_duration, parse_duration, parse_size
+from vllm_watchdog.config.durations import format_duration, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

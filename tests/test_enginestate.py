@@ -10,10 +10,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.monitor import Monitor
-from vllm_watchdog.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
 from vllm_watchdog.sources.enginestate import STATE_SERIES
+from vllm_watchdog.sources.monitor import Monitor
 from vllm_watchdog.sources.selffeed import SelfFeed
 from vllm_watchdog.store import make_labels
 

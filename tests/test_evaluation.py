@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.daemon import Daemon
-from vllm_watchdog.evaluation import RuleEvaluation
-from vllm_watchdog.rulefiles import parse_rule_file
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.ruler.evaluation import RuleEvaluation
+from vllm_watchdog.ruler.files import parse_rule_file
+from vllm_watchdog.service.daemon import Daemon
 from vllm_watchdog.store import SampleStore, make_labels
 
 from faultserver import FaultServer

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon
 
 from test_daemon import wait_for
 from vllm_server import VllmServer, free_port

@@ -1,4 +1,4 @@
-"""Tests for vllm_watchdog.exposition, including differential tests against prometheus_client."""
+"""Tests for vllm_watchdog.sources.exposition, including differential tests against prometheus_client."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Timestamp
 
-from vllm_watchdog.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
+from vllm_watchdog.sources.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32.0-metrics.txt"
 

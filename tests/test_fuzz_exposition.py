@@ -1,4 +1,4 @@
-"""Fuzz harness: the exposition parser (vllm_watchdog.exposition) against prometheus_client's parser.
+"""Fuzz harness: the exposition parser (vllm_watchdog.sources.exposition) against prometheus_client's parser.
 
 What it covers:
 
@@ -17,7 +17,7 @@ What it covers:
   before it parses, the text up to it fails at it), and the scraper's hot path (iter_samples, parse_series on
   a cache miss, find_line for the line) agrees with parse() on the samples or the error line.
 
-What it excludes from the differential, each a documented difference (see vllm_watchdog.exposition):
+What it excludes from the differential, each a documented difference (see vllm_watchdog.sources.exposition):
 
 * Label names starting with ``__`` (the library refuses them; they are well-formed) and label names with
   colons (the library takes them; the 0.0.4 grammar does not). Neither is generated.
@@ -43,7 +43,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Timestamp
 
-from vllm_watchdog.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
+from vllm_watchdog.sources.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
 
 from fuzzing import fuzz
 

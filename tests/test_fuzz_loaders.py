@@ -43,12 +43,12 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from vllm_watchdog.config import parse_config
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.promql.engine import Engine, vector_query
-from vllm_watchdog.rulefiles import history_needed, load_rule_files, parse_rule_file, store_needs
-from vllm_watchdog.rulegroups import RuleManager
-from vllm_watchdog.ruletestfile import parse_test_file
+from vllm_watchdog.promtool.testfile import parse_test_file
+from vllm_watchdog.ruler.files import history_needed, load_rule_files, parse_rule_file, store_needs
+from vllm_watchdog.ruler.groups import RuleManager
 from vllm_watchdog.store import SampleStore, make_labels
 
 from fuzzing import fuzz

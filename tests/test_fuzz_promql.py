@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from hypothesis import event, example, given, seed, settings
 from hypothesis import strategies as st
 
-from vllm_watchdog.durations import parse_duration
+from vllm_watchdog.config.durations import parse_duration
 from vllm_watchdog.promql.compile import compile_plan
 from vllm_watchdog.promql.engine import Engine
 from vllm_watchdog.promql.values import PromQLError, QueryError, Scalar, Vector
-from vllm_watchdog.rulefiles import history_needed
-from vllm_watchdog.seriesnotation import parse_series
+from vllm_watchdog.promtool.series import parse_series
+from vllm_watchdog.ruler.files import history_needed
 from vllm_watchdog.store import SampleStore
 
 from fuzzing import fuzz

@@ -12,7 +12,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from vllm_watchdog.config import parse_config
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.gateway.admission import Gate
 from vllm_watchdog.gateway.backoff import HOLD_KEY, UpstreamBackoff

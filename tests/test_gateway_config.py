@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.config import load_config, parse_config
+from vllm_watchdog.config.model import load_config, parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.gateway.config import GatewayConfig, MiB, PriorityConfig, SessionConfig
 from vllm_watchdog.gateway.throttle import ThrottleSpec
@@ -117,7 +117,10 @@ def test_embedded_defaults_put_a_loopback_gateway_in_front_with_agent_guards() -
         ("{sessions: {max_in_flight: 0}}", "gateway.sessions.max_in_flight: must be >= 1"),
         ("{sessions: {top_k: 0}}", "gateway.sessions.top_k: must be >= 1"),
         ("[1]", "gateway: must be a mapping"),
-        ("{control_socket: gw.sock}", "gateway.control_socket: must be an absolute path of at most 107 bytes"),
+        (
+            "{control_socket: gw.sock}",
+            "gateway.control_socket: must be an absolute path of at most 107 bytes",
+        ),
         ("{control_socket: /" + "a" * 120 + "}", "gateway.control_socket: must be an absolute path"),
         ("{control_lease: 0s}", "gateway.control_lease: must be greater than 0"),
         ("{supervise: maybe}", "gateway.supervise:"),

@@ -15,15 +15,15 @@ import pytest
 
 from vllm_watchdog.actions.gatewayactions import plan_gateway
 from vllm_watchdog.actions.readiness import ReadyCheck
+from vllm_watchdog.actions.remediator import Remediator
 from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.alerting import OutgoingAlert
-from vllm_watchdog.config import Config, parse_config
-from vllm_watchdog.gateway.control import GatewayControl, window_quantile
+from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.gateway.feed import GatewayFeed
+from vllm_watchdog.gateway.handle import GatewayControl, window_quantile
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import HistogramSnapshot
-from vllm_watchdog.remediation import Remediator
+from vllm_watchdog.ruler.alerting import OutgoingAlert
 from vllm_watchdog.store import SampleStore, is_stale, labels_dict
 
 from gateway_upstream import Upstream

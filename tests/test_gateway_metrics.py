@@ -5,7 +5,6 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_watchdog.exposition import parse
 from vllm_watchdog.gateway.histogram import Histogram
 from vllm_watchdog.gateway.metrics import GatewayCollector, families
 from vllm_watchdog.gateway.signals import SessionSignals
@@ -16,6 +15,7 @@ from vllm_watchdog.gateway.snapshot import (
     ProxySnapshot,
     SessionStats,
 )
+from vllm_watchdog.sources.exposition import parse
 
 P = "vllm_watchdog_gateway_"
 Series = tuple[str, frozenset[tuple[str, str]]]

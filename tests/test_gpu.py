@@ -8,10 +8,10 @@ import pynvml
 import pytest
 from test_scrape import target
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.daemon import Daemon
-from vllm_watchdog.monitor import Monitor
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.daemon import Daemon
 from vllm_watchdog.sources.gpu import GpuCollector
+from vllm_watchdog.sources.monitor import Monitor
 from vllm_watchdog.sources.nvml import NvmlSource
 from vllm_watchdog.store import SampleStore, is_stale
 

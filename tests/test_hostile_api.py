@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from vllm_watchdog.actions.state import ACTIONS_DB, ActionStore
-from vllm_watchdog.controlapi import MAX_INBOUND_ALERTS
+from vllm_watchdog.api.control import MAX_INBOUND_ALERTS
 
 from faultserver import FaultServer
 from test_daemon import PAYLOAD
@@ -189,8 +189,8 @@ HOLD = 600  # connections a client opens and holds: more than the daemon may hav
 UNCAPPED = """
 import asyncio, sys
 from vllm_watchdog import logs
-from vllm_watchdog.daemon import Daemon
-from vllm_watchdog.fdlimits import raise_open_files_limit
+from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.fdlimits import raise_open_files_limit
 from vllm_watchdog.listener import ListenerLimits
 logs.setup("info", fmt="text")
 raise_open_files_limit()

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.monitor import SUMMARY_EVERY, Monitor
-from vllm_watchdog.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.monitor import SUMMARY_EVERY, Monitor
 
 from faultserver import FaultServer
 
@@ -38,7 +38,7 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, object]]:
     return [
         (r.getMessage(), getattr(r, "repeated", None))
         for r in caplog.records
-        if r.name == "vllm_watchdog.monitor"
+        if r.name == "vllm_watchdog.sources.monitor"
     ]
 
 
@@ -46,7 +46,7 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
     fault: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One down target logged 113 warnings in 52 s: one per scrape and one per probe."""
-    caplog.set_level(logging.INFO, logger="vllm_watchdog.monitor")
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
     fault.set("/metrics", "gone", status=503)
     fault.set("/health", "gone", status=503)
     clock = Clock()
@@ -75,7 +75,7 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
 async def test_a_new_kind_of_failure_is_logged_at_once(
     fault: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="vllm_watchdog.monitor")
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
     clock = Clock()
     mon = monitor(fault.url, clock)
     fault.set("/metrics", "gone", status=503)
@@ -92,7 +92,7 @@ async def test_a_new_kind_of_failure_is_logged_at_once(
 async def test_out_of_bounds_samples_are_warned_once_and_exported(
     fault: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="vllm_watchdog.monitor")
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
     far = int(NOW * 1000) + 86_400_000
     fault.set("/metrics", f"a 1 {far}\nb 2\n")
     clock = Clock()

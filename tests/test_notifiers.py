@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_watchdog.actionconfig import NotifierConfig, parse_matcher
-from vllm_watchdog.alerting import OutgoingAlert
+from vllm_watchdog.actions.config import NotifierConfig, parse_matcher
 from vllm_watchdog.notifiers.alertmanager import alerts_body, am_time, api_url
 from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
 from vllm_watchdog.notifiers.hub import ActionEvent, NotificationHub
 from vllm_watchdog.notifiers.webhook import alerts_payload, event_payload, fingerprint, webhook_alert
+from vllm_watchdog.ruler.alerting import OutgoingAlert
 
 from alertmanager_server import AlertmanagerServer, running_alertmanager
 from faultserver import FaultServer

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.plot import (
+from vllm_watchdog.commands.plot import (
     PANELS,
     ActionMark,
     AlertSpan,
@@ -27,8 +26,9 @@ from vllm_watchdog.plot import (
     build_timeline,
     render_png,
 )
-from vllm_watchdog.replay import Transition
-from vllm_watchdog.rulefiles import parse_rule_file
+from vllm_watchdog.commands.replay import Transition
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.ruler.files import parse_rule_file
 
 from faultserver import FaultServer
 from vllm_server import ROOT, free_port
@@ -199,7 +199,7 @@ def test_cli_replay_plot_and_its_errors(recording: tuple[Path, Path, Path], tmp_
 def test_without_matplotlib_the_error_names_the_extra(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from vllm_watchdog.plot import Timeline, render_png, PlotError\n"
+        "from vllm_watchdog.commands.plot import Timeline, render_png, PlotError\n"
         "try:\n    render_png(Timeline(0.0, 1.0), sys.argv[1])\n"
         "except PlotError as e:\n    print(e); sys.exit(3)\n"
     )

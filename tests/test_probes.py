@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from vllm_watchdog.config import CanaryConfig
+from vllm_watchdog.config.model import CanaryConfig
 from vllm_watchdog.sources.probes import CanaryProbe, HealthProbe
 
 from faultserver import FaultServer

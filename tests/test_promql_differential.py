@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.durations import parse_duration
+from vllm_watchdog.config.durations import parse_duration
 from vllm_watchdog.promql.engine import Engine
 from vllm_watchdog.promql.values import PromQLError, QueryError, Scalar, Vector
-from vllm_watchdog.ruletest import run_rule_tests
-from vllm_watchdog.seriesnotation import parse_series
+from vllm_watchdog.promtool.runner import run_rule_tests
+from vllm_watchdog.promtool.series import parse_series
 from vllm_watchdog.store import SampleStore
 
 from promtool import Result, promtool_eval, run_test_rules

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_watchdog.actionconfig import ActionConfig, Budget
+from vllm_watchdog.actions.config import ActionConfig, Budget
 from vllm_watchdog.actions.rails import RAILS, Rails, Verdict
 from vllm_watchdog.actions.state import ActionStore
 

@@ -17,12 +17,12 @@ import pytest
 
 from vllm_watchdog.actions.audit import Job
 from vllm_watchdog.actions.power import PowerLimiter
+from vllm_watchdog.actions.remediator import MAX_QUEUED, QUEUE_RAIL, RESPAWN, RESTORE_RECHECK, Remediator
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.alerting import OutgoingAlert
-from vllm_watchdog.config import Config, TargetConfig, parse_config
+from vllm_watchdog.config.model import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
-from vllm_watchdog.remediation import MAX_QUEUED, QUEUE_RAIL, RESPAWN, RESTORE_RECHECK, Remediator
+from vllm_watchdog.ruler.alerting import OutgoingAlert
 
 from fake_nvml import FakeNvml
 

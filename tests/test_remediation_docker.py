@@ -15,7 +15,7 @@ import docker
 import httpx
 import pytest
 
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon
 
 from docker_engine import VllmRuntime, remove_container, unique_name, wait_http
 from faultserver import FaultServer

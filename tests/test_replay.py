@@ -7,11 +7,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_watchdog.alerting import OutgoingAlert
 from vllm_watchdog.cli import main
-from vllm_watchdog.config import Config, parse_config
-from vllm_watchdog.replay import Replayer, run_replay
-from vllm_watchdog.rulefiles import RuleGroup, parse_rule_file
+from vllm_watchdog.commands.replay import Replayer, run_replay
+from vllm_watchdog.config.model import Config, parse_config
+from vllm_watchdog.ruler.alerting import OutgoingAlert
+from vllm_watchdog.ruler.files import RuleGroup, parse_rule_file
 from vllm_watchdog.scrapelog import ScrapeLog, iter_records
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, is_stale

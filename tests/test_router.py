@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_watchdog.config import parse_config
-from vllm_watchdog.router import route, target_of
+from vllm_watchdog.actions.router import route, target_of
+from vllm_watchdog.config.model import parse_config
 
 CONFIG = """
 targets:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config import bundled_rules_dir, load_config
+from vllm_watchdog.config.model import bundled_rules_dir, load_config
 from vllm_watchdog.errors import ConfigError
-from vllm_watchdog.rulefiles import load_rule_files, parse_rule_file, store_needs
+from vllm_watchdog.ruler.files import load_rule_files, parse_rule_file, store_needs
 
 GOOD = """
 groups:

@@ -10,8 +10,8 @@ import pytest
 
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.goformat import go_float, go_labels, go_quote, model_duration, time_duration
-from vllm_watchdog.ruletest import run_rule_tests
-from vllm_watchdog.ruletestfile import parse_test_file
+from vllm_watchdog.promtool.runner import run_rule_tests
+from vllm_watchdog.promtool.testfile import parse_test_file
 
 RULETESTS = Path(__file__).parent / "fixtures" / "ruletests"
 

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from vllm_watchdog.actions.docker import DockerRuntime
-from vllm_watchdog.api import build_app
-from vllm_watchdog.config import load_config, parse_config
-from vllm_watchdog.controlapi import MAX_BODY, READ_METHODS
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.api.app import build_app
+from vllm_watchdog.api.control import MAX_BODY, READ_METHODS
+from vllm_watchdog.config.model import load_config, parse_config
 from vllm_watchdog.gateway.config import GatewayConfig
+from vllm_watchdog.service.daemon import Daemon
 
 from docker_engine import ServerContainers, wait_http
 from faultserver import FaultServer

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from vllm_watchdog import logs
-from vllm_watchdog.config import parse_config
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.redact import MASK, Redactor, config_secrets, is_secret_name
 
 from vllm_server import VllmServer, free_port

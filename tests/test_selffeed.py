@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vllm_watchdog.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon
 from vllm_watchdog.sources.selffeed import SelfFeed
 from vllm_watchdog.store import SampleStore, labels_dict
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vllm_watchdog.seriesnotation import NotationError, go_number, parse_metric, parse_series, parse_values
+from vllm_watchdog.promtool.series import NotationError, go_number, parse_metric, parse_series, parse_values
 from vllm_watchdog.store import is_stale
 
 from promtool import promtool_eval

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from vllm_watchdog.top import Snapshot, increase, render, spec_acceptance, token_rate
+from vllm_watchdog.commands.top import Snapshot, increase, render, spec_acceptance, token_rate
 
 from faultserver import FaultServer
 from vllm_server import ROOT, free_port

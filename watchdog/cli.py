@@ -14,22 +14,22 @@ from typing import Any
 import httpx
 
 from . import __version__, logs
-from .config import Config
-from .daemon import Daemon, load_all
-from .durations import parse_size
+from .commands.replay import print_transitions, run_replay, summary
+from .commands.top import run_top
+from .config.durations import parse_size
+from .config.model import Config
 from .errors import ConfigError
-from .fdlimits import raise_open_files_limit
-from .monitor import Monitor
 from .promql.compile import compile_expr
 from .promql.engine import Engine
 from .promql.remote import backend_for
 from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+from .promtool.runner import run_rule_tests
 from .redact import Redactor
-from .replay import print_transitions, run_replay, summary
-from .rulefiles import RuleGroup
-from .ruletest import run_rule_tests
+from .ruler.files import RuleGroup
 from .scrapelog import ScrapeLogError
-from .top import run_top
+from .service.daemon import Daemon, load_all
+from .service.fdlimits import raise_open_files_limit
+from .sources.monitor import Monitor
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
@@ -173,7 +173,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]) -> int:
-    from .plot import PlotError, build_timeline, render_png  # noqa: PLC0415 (only `--plot` needs it)
+    from .commands.plot import PlotError, build_timeline, render_png  # noqa: PLC0415 (only `--plot` needs it)
 
     try:
         timeline, rp = build_timeline(

@@ -16,9 +16,9 @@ WatchdogError
 
 PromQLError and QueryError live in vllm_watchdog.promql.values next to the values they describe.
 TemplateError (a ValueError, in vllm_watchdog.templates) is turned into a ConfigError at load time.
-UnreadableFileError (a ValueError, in vllm_watchdog.configfiles) says why a config, include, rule or rule-test
-file was refused (not a regular file, too large, not UTF-8); the loaders turn it into a ConfigError.
-ExpositionError (a ValueError, in vllm_watchdog.exposition) is raised by the text parser and turned
+UnreadableFileError (a ValueError, in vllm_watchdog.config.files) says why a config, include, rule or
+rule-test file was refused (not a regular file, too large, not UTF-8); the loaders turn it into a ConfigError.
+ExpositionError (a ValueError, in vllm_watchdog.sources.exposition) is raised by the text parser and turned
 into a ScrapeError by the scraper, so callers of sources only ever see ScrapeError.
 """
 

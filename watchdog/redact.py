@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from .config import Config
+    from .config.model import Config
 
 MASK = "<redacted>"
 # Known values shorter than this are not masked by value (a 3-letter token would mask every "tok" in the

@@ -8,12 +8,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..actionconfig import ActionConfig
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from ..notifiers.hub import ActionEvent, NotificationHub
+from .config import ActionConfig
 from .state import ActionStore
 
-log = logging.getLogger("vllm_watchdog.remediation")
+log = logging.getLogger("vllm_watchdog.actions.remediator")
 SKIP_REPEAT = 600.0  # a skip for the same rail is written to the audit log at most this often
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from ..actionconfig import ActionConfig
+from .config import ActionConfig
 from .state import ActionStore
 
 HOLDS = frozenset({"throttle", "throttle_session", "drain"})  # action types that hold while an alert fires

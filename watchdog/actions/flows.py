@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import failpoints
-from ..actionconfig import DISRUPTIVE
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from ..errors import ActionError
+from .config import DISRUPTIVE
 from .readiness import ReadyCheck
 from .records import ActionRecord
 from .runtime import Launch, Runtime

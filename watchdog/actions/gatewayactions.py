@@ -6,9 +6,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Protocol
 
-from ..actionconfig import DEFAULT_THROTTLE, ActionConfig
-from ..durations import format_duration
+from ..config.durations import format_duration
 from ..gateway.throttle import ThrottleSpec
+from .config import DEFAULT_THROTTLE, ActionConfig
 from .flows import FlowContext, Outcome
 from .plans import Plan
 

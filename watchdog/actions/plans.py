@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..actionconfig import DRAFT_FLAGS, ActionConfig
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from ..errors import ActionError
 from . import args as vllm_args
+from .config import DRAFT_FLAGS, ActionConfig
 from .flows import FlowContext, Outcome, relaunch, restart
 from .runtime import Launch, Runtime
 from .state import ActionStore

@@ -44,8 +44,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..actionconfig import DISRUPTIVE, ActionConfig
-from ..durations import format_duration
+from ..config.durations import format_duration
+from .config import DISRUPTIVE, ActionConfig
 from .state import ActionRecord, ActionStore
 
 RAILS = (

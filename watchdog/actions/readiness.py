@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import httpx
 
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from ..sources.probes import CanaryProbe, HealthProbe
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..actionconfig import ActionConfig
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from .audit import Job
+from .config import ActionConfig
 from .rails import Rails
 from .state import ActionStore
 
-log = logging.getLogger("vllm_watchdog.remediation")
+log = logging.getLogger("vllm_watchdog.actions.remediator")
 RETRIED = (
     "alert",
     "inbound",

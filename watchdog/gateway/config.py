@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..durations import parse_duration, parse_size
-from ..yamlnodes import Node
+from ..config.durations import parse_duration, parse_size
+from ..config.yamlnodes import Node
 from .routes import ADMIN, admin_root
 
 MiB = 1024 * 1024

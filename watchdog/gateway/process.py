@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import logs
 from ..errors import ConfigError
-from ..fdlimits import raise_open_files_limit
-from ..sdnotify import Notifier
+from ..service.fdlimits import raise_open_files_limit
+from ..service.sdnotify import Notifier
 from .channel import ChannelError, ControlClient, ControlServer, default_socket_path
 from .codec import decode, encode
 from .commands import CommandError, GatewayCommands
@@ -123,7 +123,7 @@ def process_link(gateway: GatewayConfig, state_dir: str | None) -> GatewayProces
 
 
 def _spec_from_config(path: str | None) -> GatewaySpec:
-    from ..config import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
+    from ..config.model import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
     from ..redact import config_secrets  # noqa: PLC0415
 
     config = load_config(path, os.environ)

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from ..actionconfig import NotifierConfig, matches_all
-from ..alerting import OutgoingAlert
+from ..actions.config import NotifierConfig, matches_all
+from ..ruler.alerting import OutgoingAlert
 from ..statehealth import StateHealth
 from .alertmanager import alert_identity, alerts_body, api_url
 from .delivery import MAX_BATCH, backoff, decode_alert, decode_event, encode_alert, post

@@ -20,7 +20,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from ..config import RemoteBackendConfig
+from ..config.model import RemoteBackendConfig
 from ..store import Labels
 from .values import QueryError, Sample, Vector, to_ms
 

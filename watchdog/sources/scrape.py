@@ -12,10 +12,10 @@ from typing import Protocol
 import httpx
 
 from ..errors import SampleLimitError, ScrapeError
-from ..exposition import ExpositionError, find_line, iter_samples, parse_series
 from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
+from .exposition import ExpositionError, find_line, iter_samples, parse_series
 
 _SKIP = Series(())  # cached for series that the rules do not need
 # A sample's own timestamp must lie within these bounds of the scrape time, as Prometheus accepts it: at most

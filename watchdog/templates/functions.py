@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote_plus, urlsplit
 
-from ..durations import parse_duration
+from ..config.durations import parse_duration
 from ..goregex import RegexError, compile_go
 from .gofmt import (
     HTML,

@@ -11,24 +11,24 @@ from typing import Any
 
 import httpx
 
-from .actions.power import PowerLimiter
-from .actions.readiness import ReadyCheck
-from .actions.runtime import Runtime
-from .actions.runtimes import build_runtimes
-from .actions.state import ACTIONS_DB, ActionStore
-from .alerting import OutgoingAlert
-from .background import Background
-from .config import Config, TargetConfig
-from .gateway.config import GatewayConfig
-from .gateway.control import GatewayControl
-from .gateway.link import GatewayLink
-from .gateway.process import process_link
-from .gateway.snapshot import GatewaySnapshot
-from .notifiers.hub import NotificationHub
-from .promql.engine import Engine
-from .promql.values import QueryError, Vector
-from .remediation import Remediator
-from .statehealth import StateHealth
+from ..background import Background
+from ..config.model import Config, TargetConfig
+from ..gateway.config import GatewayConfig
+from ..gateway.handle import GatewayControl
+from ..gateway.link import GatewayLink
+from ..gateway.process import process_link
+from ..gateway.snapshot import GatewaySnapshot
+from ..notifiers.hub import NotificationHub
+from ..promql.engine import Engine
+from ..promql.values import QueryError, Vector
+from ..ruler.alerting import OutgoingAlert
+from ..statehealth import StateHealth
+from .power import PowerLimiter
+from .readiness import ReadyCheck
+from .remediator import Remediator
+from .runtime import Runtime
+from .state import ACTIONS_DB, ActionStore
+from .targetruntimes import build_runtimes
 
 log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .actionconfig import ActionConfig
-from .actions.rails import Rails, Verdict
-from .alerting import OutgoingAlert
+from ..ruler.alerting import OutgoingAlert
+from .config import ActionConfig
+from .rails import Rails, Verdict
 
 RESEND = 60.0  # as Prometheus' default resend delay
 VALID = 4 * RESEND  # a copy in Alertmanager outlives two missed resends

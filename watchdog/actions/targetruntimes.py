@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..config import TargetConfig
+from ..config.model import TargetConfig
 from ..errors import ActionError
 from .docker import DockerRuntime
 from .process import ProcessRuntime

@@ -13,15 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from .alerting import AlertState
-from .errors import ConfigError
-from .goformat import go_float, go_labels, go_quote, indent_lines, model_duration, time_duration
-from .promql.engine import Engine, vector_query
-from .promql.values import PromQLError, QueryError, Scalar, Vector
-from .rulefiles import load_rule_files
-from .rulegroups import Group
-from .ruletestfile import AlertTest, ExprTest, TestFile, TestGroup, load_test_file
-from .store import Labels, SampleStore
+from ..errors import ConfigError
+from ..goformat import go_float, go_labels, go_quote, indent_lines, model_duration, time_duration
+from ..promql.engine import Engine, vector_query
+from ..promql.values import PromQLError, QueryError, Scalar, Vector
+from ..ruler.alerting import AlertState
+from ..ruler.files import load_rule_files
+from ..ruler.groups import Group
+from ..store import Labels, SampleStore
+from .testfile import AlertTest, ExprTest, TestFile, TestGroup, load_test_file
 
 _INDENT = " " * 12
 

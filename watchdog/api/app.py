@@ -17,8 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .apijson import JSONAnswer
-from .controlapi import (
+from ..actions.remediator import Remediator
+from ..gateway.channel import ChannelError
+from ..gateway.handle import GatewayControl
+from ..promql.selectors import parse_selector
+from ..redact import ConfigRedactors, Redactor
+from ..ruler.evaluation import RuleEvaluation
+from ..sources.monitor import Monitor
+from ..store import is_stale
+from .control import (
     BadRequest,
     ControlGuard,
     bad_request,
@@ -26,14 +33,7 @@ from .controlapi import (
     error_response,
     gateway_unreachable,
 )
-from .evaluation import RuleEvaluation
-from .gateway.channel import ChannelError
-from .gateway.control import GatewayControl
-from .monitor import Monitor
-from .promql.selectors import parse_selector
-from .redact import ConfigRedactors, Redactor
-from .remediation import Remediator
-from .store import is_stale
+from .jsonbodies import JSONAnswer
 
 MAX_SERIES = 10_000
 MAX_CONTROL_BODY = 64 * 1024

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .actionplane import ActionPlane
+from .plane import ActionPlane
 
 
 class ActionCollector(Collector):

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .configfiles import UnreadableFileError, read_text
-from .durations import parse_duration
-from .errors import ConfigError, Problem
-from .seriesnotation import NotationError, SeriesValues, parse_metric, parse_series, parse_values
-from .store import Labels
-from .yamlnodes import Node, Problems, compose
+from ..config.durations import parse_duration
+from ..config.files import UnreadableFileError, read_text
+from ..config.yamlnodes import Node, Problems, compose
+from ..errors import ConfigError, Problem
+from ..store import Labels
+from .series import NotationError, SeriesValues, parse_metric, parse_series, parse_values
 
 _GO_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}

@@ -20,14 +20,13 @@ from typing import TextIO
 
 import httpx
 
-from .alerting import AlertState, OutgoingAlert
-from .config import Config
-from .errors import ScrapeError
-from .monitor import GC_SLACK
-from .promql.engine import Engine, vector_query
-from .rulefiles import RuleGroup, store_needs
-from .rulegroups import GroupKey, RuleManager, key_name
-from .scrapelog import (
+from ..config.model import Config
+from ..errors import ScrapeError
+from ..promql.engine import Engine, vector_query
+from ..ruler.alerting import AlertState, OutgoingAlert
+from ..ruler.files import RuleGroup, store_needs
+from ..ruler.groups import GroupKey, RuleManager, key_name
+from ..scrapelog import (
     ForgetRecord,
     GpuRecord,
     ProbeRecord,
@@ -36,11 +35,12 @@ from .scrapelog import (
     ScrapeRecord,
     iter_records,
 )
-from .sources.gpu import GpuCollector
-from .sources.nvml import NvmlSource
-from .sources.probes import PROBE_SERIES
-from .sources.scrape import ScrapeTarget
-from .store import SampleStore, make_labels
+from ..sources.gpu import GpuCollector
+from ..sources.monitor import GC_SLACK
+from ..sources.nvml import NvmlSource
+from ..sources.probes import PROBE_SERIES
+from ..sources.scrape import ScrapeTarget
+from ..store import SampleStore, make_labels
 
 GC_INTERVAL = 15.0
 Dispatch = Callable[[float, list[OutgoingAlert]], None]

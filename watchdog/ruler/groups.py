@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import alertstate
+from ..errors import WatchdogError
+from ..promql.values import QueryError, QueryFunc, to_ms
+from ..store import Exposure, Labels, SampleStore
 from .alerting import (
     RESOLVED_RETENTION_MS,
     Alert,
@@ -30,10 +32,8 @@ from .alerting import (
     rule_json,
     status_json,
 )
-from .errors import WatchdogError
-from .promql.values import QueryError, QueryFunc, to_ms
-from .rulefiles import Rule, RuleGroup
-from .store import Exposure, Labels, SampleStore
+from .files import Rule, RuleGroup
+from .state import FOR_GRACE_PERIOD, OUTAGE_TOLERANCE, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +228,8 @@ class RuleManager:
         external_url: str = "",
         state_path: Path | None = None,
         resend_delay: float = 60.0,
-        outage_tolerance: float = alertstate.OUTAGE_TOLERANCE,
-        for_grace_period: float = alertstate.FOR_GRACE_PERIOD,
+        outage_tolerance: float = OUTAGE_TOLERANCE,
+        for_grace_period: float = FOR_GRACE_PERIOD,
         state_heartbeat: float = 60.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -246,7 +246,7 @@ class RuleManager:
         # are dropped, so the queue stays bounded while no notifier is configured.
         self._outbox: dict[tuple[tuple[str, str], ...], tuple[int, OutgoingAlert]] = {}
         self._retired: list[_Retired] = []
-        self.state = alertstate.StateFile(
+        self.state = StateFile(
             state_path,
             outage_tolerance=outage_tolerance,
             for_grace_period=for_grace_period,

@@ -31,28 +31,28 @@ from apscheduler.events import (
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
-from . import logs
-from .actionmetrics import ActionCollector
-from .actionplane import ActionPlane
-from .api import build_app
+from .. import logs
+from ..actions.metrics import ActionCollector
+from ..actions.plane import ActionPlane
+from ..api.app import build_app
+from ..config.model import Config, load_config
+from ..errors import ConfigError
+from ..gateway.feed import GatewayFeed
+from ..gateway.metrics import GatewayCollector, exposition
+from ..gateway.process import process_link
+from ..listener import Listener, ListenerCollector, ListenerLimits
+from ..redact import config_secrets
+from ..ruler.evaluation import RuleEvaluation
+from ..ruler.files import RuleGroup, load_rule_files
+from ..scrapelog import ScrapeLog
+from ..sources.gpu import GpuCollector
+from ..sources.monitor import Monitor
+from ..sources.nvml import NvmlSource
+from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
-from .config import Config, load_config
-from .errors import ConfigError
-from .evaluation import RuleEvaluation
 from .fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
-from .gateway.feed import GatewayFeed
-from .gateway.metrics import GatewayCollector, exposition
-from .gateway.process import process_link
-from .listener import Listener, ListenerCollector, ListenerLimits
-from .monitor import Monitor
-from .redact import config_secrets
-from .rulefiles import RuleGroup, load_rule_files
-from .scrapelog import ScrapeLog
 from .sdnotify import Notifier
 from .selfmetrics import DaemonCounters, WatchdogCollector
-from .sources.gpu import GpuCollector
-from .sources.nvml import NvmlSource
-from .sources.selffeed import SelfFeed
 
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0

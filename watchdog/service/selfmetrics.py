@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .actionplane import NOTIFY_DB
-from .actions.state import ACTIONS_DB
-from .evaluation import STATE_FILE, RuleEvaluation
-from .monitor import Monitor
-from .sources.enginestate import STATE_SERIES
-from .statehealth import PROBE_FILE, StateHealth
+from .. import __version__
+from ..actions.plane import NOTIFY_DB
+from ..actions.state import ACTIONS_DB
+from ..ruler.evaluation import STATE_FILE, RuleEvaluation
+from ..sources.enginestate import STATE_SERIES
+from ..sources.monitor import Monitor
+from ..statehealth import PROBE_FILE, StateHealth
 
 STATE_FILES = (ACTIONS_DB, NOTIFY_DB, STATE_FILE, PROBE_FILE)  # their write error counters start at 0
 

@@ -12,15 +12,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .config import Config, TargetConfig
-from .logs import Recurring
-from .rulefiles import RuleGroup, StoreNeeds, store_needs
-from .scrapelog import ScrapeLog
-from .sources.enginestate import SLEEP_STATE, EngineStateProbe, asleep_in_store
-from .sources.gpu import GpuCollector
-from .sources.probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
-from .sources.scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
-from .store import SampleStore, make_labels
+from ..config.model import Config, TargetConfig
+from ..logs import Recurring
+from ..ruler.files import RuleGroup, StoreNeeds, store_needs
+from ..scrapelog import ScrapeLog
+from ..store import SampleStore, make_labels
+from .enginestate import SLEEP_STATE, EngineStateProbe, asleep_in_store
+from .gpu import GpuCollector
+from .probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
+from .scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
 
 log = logging.getLogger(__name__)
 

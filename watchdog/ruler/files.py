@@ -9,13 +9,13 @@ from typing import Any
 
 import promql_parser
 
-from .configfiles import UnreadableFileError, read_text
-from .durations import parse_duration
-from .errors import ConfigError, Problem
-from .promql.compile import compile_expr
-from .promql.values import PromQLError
-from .templates import check_template
-from .yamlnodes import Node, Problems, compose
+from ..config.durations import parse_duration
+from ..config.files import UnreadableFileError, read_text
+from ..config.yamlnodes import Node, Problems, compose
+from ..errors import ConfigError, Problem
+from ..promql.compile import compile_expr
+from ..promql.values import PromQLError
+from ..templates import check_template
 
 
 @dataclass(frozen=True)

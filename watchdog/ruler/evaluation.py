@@ -9,14 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.model import Config
+from ..promql.engine import Engine, vector_query
+from ..promql.remote import PrometheusBackend, backend_for
+from ..promql.values import QueryError, QueryFunc, Vector
+from ..store import SampleStore
 from .alerting import OutgoingAlert
-from .config import Config
-from .promql.engine import Engine, vector_query
-from .promql.remote import PrometheusBackend, backend_for
-from .promql.values import QueryError, QueryFunc, Vector
-from .rulefiles import RuleGroup
-from .rulegroups import RuleManager
-from .store import SampleStore
+from .files import RuleGroup
+from .groups import RuleManager
 
 log = logging.getLogger(__name__)
 STATE_FILE = "alerts.json"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from .actionconfig import RouteConfig, matches_all
-from .config import TargetConfig
+from ..config.model import TargetConfig
+from .config import RouteConfig, matches_all
 
 TARGET_LABELS = ("target", "instance")  # where an alert names its server, in this order
 # Labels that name what an alert is about in other ways (cAdvisor and docker_sd write `container`/`name`,

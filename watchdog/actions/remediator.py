@@ -9,25 +9,25 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .actionconfig import GATEWAY_ACTIONS, ActionConfig, Budget
-from .actions.audit import Audit, Job
-from .actions.episodes import Episodes
-from .actions.flows import FlowContext, Outcome, reconcile
-from .actions.gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
-from .actions.plans import execute_plan, plan_action
-from .actions.rails import Rails, Verdict
-from .actions.readiness import ReadyCheck
-from .actions.retries import Retries
-from .actions.runtime import Runtime
-from .actions.runtimes import UnavailableRuntime
-from .actions.state import ActionStore
-from .alerting import OutgoingAlert
-from .config import Config, TargetConfig
-from .errors import ActionError
-from .notifiers.hub import NotificationHub
+from ..config.model import Config, TargetConfig
+from ..errors import ActionError
+from ..notifiers.hub import NotificationHub
+from ..ruler.alerting import OutgoingAlert
+from ..statehealth import StateHealth
+from .audit import Audit, Job
+from .config import GATEWAY_ACTIONS, ActionConfig, Budget
+from .episodes import Episodes
+from .flows import FlowContext, Outcome, reconcile
+from .gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
+from .plans import execute_plan, plan_action
+from .rails import Rails, Verdict
+from .readiness import ReadyCheck
+from .retries import Retries
 from .router import route, target_of
-from .statehealth import StateHealth
-from .watchdogalerts import WatchdogAlerts
+from .runtime import Runtime
+from .selfalerts import WatchdogAlerts
+from .state import ActionStore
+from .targetruntimes import UnavailableRuntime
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0

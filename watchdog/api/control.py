@@ -20,13 +20,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .actionconfig import make_matcher, parse_matcher
-from .alerting import OutgoingAlert
-from .apijson import JSONAnswer, parse
-from .durations import parse_duration
-from .gateway.control import GatewayControl
-from .redact import Redactor
-from .remediation import Remediator
+from ..actions.config import make_matcher, parse_matcher
+from ..actions.remediator import Remediator
+from ..config.durations import parse_duration
+from ..gateway.handle import GatewayControl
+from ..redact import Redactor
+from ..ruler.alerting import OutgoingAlert
+from .jsonbodies import JSONAnswer, parse
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
 MANUAL_WAIT_LIMIT = 3600.0

@@ -6,10 +6,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .durations import parse_duration
-from .gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
-from .goregex import RegexError, compile_anchored
-from .yamlnodes import Node
+from ..config.durations import parse_duration
+from ..config.yamlnodes import Node
+from ..gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
+from ..goregex import RegexError, compile_anchored
 
 ACTION_TYPES = (
     "restart",

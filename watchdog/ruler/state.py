@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .alerting import Alert, AlertingRule, AlertState, rule_identity
-from .rulefiles import history_needed
+from .files import history_needed
 
 log = logging.getLogger(__name__)
 

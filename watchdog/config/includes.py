@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .actionconfig import (
+from ..actions.config import (
     ActionConfig,
     NotifierConfig,
     RouteConfig,
@@ -22,7 +22,7 @@ from .actionconfig import (
     parse_notifier,
     parse_route,
 )
-from .configfiles import UnreadableFileError, read_text, resolve_bundled
+from .files import UnreadableFileError, read_text, resolve_bundled
 from .yamlnodes import Node, Problems, compose
 
 BUNDLED_PREFIX = "bundled:"

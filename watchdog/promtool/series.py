@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from .store import STALE_NAN, Labels
+from ..store import STALE_NAN, Labels
 
 SeriesValues = list[float | None]
 """One entry per interval step; None is a missing sample (`_`)."""

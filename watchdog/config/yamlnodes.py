@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import yaml
 
-from .errors import Problem
-from .redact import is_secret_name
+from ..errors import Problem
+from ..redact import is_secret_name
 
 T = TypeVar("T")
 MAX_DEPTH = 100  # nesting deeper than this is refused: PyYAML composes recursively (RecursionError otherwise)

@@ -12,13 +12,13 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .actionconfig import ActionConfig, NotifierConfig, RouteConfig
-from .configfiles import UnreadableFileError, read_text, resolve_bundled
+from ..actions.config import ActionConfig, NotifierConfig, RouteConfig
+from ..errors import ConfigError, Problem
+from ..gateway.config import GatewayConfig, parse_gateway
+from ..redact import Redactor
 from .durations import parse_duration, parse_size
-from .errors import ConfigError, Problem
-from .gateway.config import GatewayConfig, parse_gateway
+from .files import UnreadableFileError, read_text, resolve_bundled
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
-from .redact import Redactor
 from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
@@ -163,7 +163,7 @@ def _http_url(text: str) -> str:
 
 def bundled_rules_dir() -> Path:
     """The bundled rule files: inside an installed wheel, or `rules/` of a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the package: this module sits in config/
     installed = here / "rules"
     return installed if installed.is_dir() else here.parent / "rules"
 

@@ -18,11 +18,11 @@ from datetime import date, timedelta
 from typing import Any
 from urllib.parse import quote_plus
 
-from .goformat import go_float
-from .promql.values import QueryError, QueryFunc
-from .rulefiles import Rule
-from .store import Labels
-from .templates import Template, TemplateError
+from ..goformat import go_float
+from ..promql.values import QueryError, QueryFunc
+from ..store import Labels
+from ..templates import Template, TemplateError
+from .files import Rule
 
 log = logging.getLogger(__name__)
 

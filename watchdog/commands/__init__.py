@@ -1,0 +1,1 @@
+"""Sub-commands that read what the daemon recorded: replay, plot, top."""

@@ -1,0 +1,1 @@
+"""The watchdog's configuration: the model, includes, YAML nodes with positions, durations, file reads."""
