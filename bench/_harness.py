@@ -152,8 +152,8 @@ def start_scenario(
     name: str, tmp: Path, vllm_port: int, receiver: Receiver, tight: bool, bound: float
 ) -> Scenario:
     """Start Alertmanager, then Prometheus pointing at it."""
-    from alertmanager_server import AlertmanagerServer
-    from prometheus_server import PrometheusServer
+    from tests.support.alertmanager_server import AlertmanagerServer
+    from tests.support.prometheus_server import PrometheusServer
 
     work = tmp / name
     (work / "am").mkdir(parents=True)

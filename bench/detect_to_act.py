@@ -183,9 +183,8 @@ async def measure(
     args: argparse.Namespace, tmp: Path, vllm_url: str, receiver: Receiver, scenarios: list[Scenario]
 ) -> list[Flood]:
     """Run the watchdog in-process and flood vLLM `args.floods` times."""
+    from tests.support.vllm_server import free_port
     from vllm_watchdog.service.daemon import Daemon
-
-    from vllm_server import free_port
 
     port = free_port()
     config, stub = write_watchdog(tmp, port, vllm_url)
@@ -322,8 +321,8 @@ def main() -> int:
     ap.add_argument("--bound", type=float, default=30.0, help="longest wait per flood, tight settings (s)")
     ap.add_argument("--default-bound", type=float, default=160.0, help="longest wait, default intervals (s)")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))  # the real-server harnesses the tests use
-    from vllm_server import VllmServer, free_port
+    sys.path.insert(0, str(ROOT))  # the real-server harnesses the tests use
+    from tests.support.vllm_server import VllmServer, free_port
 
     for exe in ("/usr/bin/prometheus", "/usr/bin/prometheus-alertmanager"):
         if not os.access(exe, os.X_OK):

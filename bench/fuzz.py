@@ -2,7 +2,7 @@
 
 Usage: python bench/fuzz.py [--minutes N | --examples N] [--harness NAME ...] [--logs DIR]
 
-Each harness is its pytest module, run with VLLM_WATCHDOG_FUZZ_EXAMPLES set (tests/fuzzing.py turns it
+Each harness is its pytest module, run with VLLM_WATCHDOG_FUZZ_EXAMPLES set (tests/support/fuzzing.py turns it
 into each test's example count). `--examples N` runs every harness once with that base count.
 `--minutes N` gives every harness N minutes of wall time: a short calibration round, then rounds sized
 from the measured rate until the time is spent, each with fresh random seeds (hypothesis' database under

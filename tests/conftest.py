@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from faultserver import FaultServer
+from tests.support.faultserver import FaultServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-pytest_plugins = ["vllm_server", "docker_engine", "watchdogproc"]
+pytest_plugins = ["tests.support.vllm_server", "tests.support.docker_engine", "tests.support.watchdogproc"]
 
 # Every process a test starts inherits this mark, so that gateway processes left behind can be found. A gateway
 # outlives a daemon killed with SIGKILL by design (the data plane keeps serving); a test's cleanup kills the

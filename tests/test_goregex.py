@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.promtool import PROMTOOL, promtool_eval
 from vllm_watchdog import goregex
 from vllm_watchdog.goregex import MAX_PATTERN_BYTES, RegexError, compile_anchored, compile_go
 from vllm_watchdog.promql.labelfuncs import label_replace
-
-from promtool import PROMTOOL, promtool_eval
 
 LONG = "a" * 100_000
 NEEDS_PROMTOOL = pytest.mark.skipif(

@@ -1,0 +1,526 @@
+"""The remediator's orchestration with injected time: routes, rails, dry run, merging, rollback, reconcile.
+
+The runtime here is a scripted double that records calls: real runtimes (Docker, processes) are tested in
+their own files and end to end in test_remediation_e2e.py. What this file checks is the decision logic,
+which must hold over hours of simulated alerts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.support.fake_nvml import FakeNvml
+from vllm_watchdog.actions.audit import Job
+from vllm_watchdog.actions.power import PowerLimiter
+from vllm_watchdog.actions.remediator import MAX_QUEUED, QUEUE_RAIL, RESPAWN, RESTORE_RECHECK, Remediator
+from vllm_watchdog.actions.runtime import Launch
+from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.config.model import Config, TargetConfig, parse_config
+from vllm_watchdog.errors import ActionError
+from vllm_watchdog.ruler.alerting import OutgoingAlert
+
+pytestmark = pytest.mark.anyio
+SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
+ARGS = (
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/m",
+    "--speculative-config",
+    SPEC,
+    "--max-num-seqs",
+    "4",
+)
+CONFIG = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]
+routes:
+  - {match: {alertname: Hung}, actions: [restart]}
+  - {match: {alertname: SpecBad}, actions: [draft_off]}
+  - {match: {alertname: Hot}, actions: [smaller]}
+actions:
+  restart: {type: restart, cooldown: 15m, startup_grace: 0s, max_per_window: {count: 3, window: 6h}}
+  draft_off: {type: disable_draft, startup_grace: 0s}
+  draft_on: {type: enable_draft, startup_grace: 0s}
+  smaller: {type: reconfigure, set: {--max-num-seqs: "1"}, restore_after: 10m, startup_grace: 0s, cooldown: 0s}
+"""
+
+
+class Clock:
+    """Injected wall clock."""
+
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ScriptedRuntime:
+    """Records every call; `ready_after_replace` False makes the replacement fail its ready check."""
+
+    kind = "docker"
+
+    def __init__(self, args: tuple[str, ...] = ARGS) -> None:
+        self.target = "vllm-0"
+        self.current = Launch("docker", args, {"image": "vllm:test"})
+        self.previous: Launch | None = None
+        self.calls: list[str] = []
+        self.running = True
+        self.fail_stop = False
+
+    async def launch(self) -> Launch:
+        return self.current
+
+    async def is_running(self) -> bool:
+        return self.running
+
+    async def started_at(self) -> float | None:
+        return 0.0
+
+    async def stop(self, timeout: float) -> None:
+        self.calls.append("stop")
+        if self.fail_stop:
+            raise ActionError("docker: stop failed: 500 Server Error")
+        self.running = False
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        self.running = True
+
+    async def replace(self, launch: Launch, stop_timeout: float) -> None:
+        self.calls.append("replace")
+        self.previous, self.current = self.current, launch
+
+    async def has_previous(self) -> bool:
+        return self.previous is not None
+
+    async def commit(self) -> None:
+        self.calls.append("commit")
+        self.previous = None
+
+    async def rollback(self, stop_timeout: float) -> None:
+        self.calls.append("rollback")
+        assert self.previous is not None
+        self.current, self.previous = self.previous, None
+
+    async def close(self) -> None:
+        pass
+
+
+class Ready:
+    """Ready unless the current launch is in `broken` (by its args)."""
+
+    def __init__(self, runtime: ScriptedRuntime) -> None:
+        self.runtime = runtime
+        self.broken: set[tuple[str, ...]] = set()
+
+    async def wait(self, target: TargetConfig, timeout: float, alive: object = None) -> tuple[bool, str]:
+        if self.runtime.current.args in self.broken:
+            return False, f"not ready within {timeout:g}s (/health: connection refused)"
+        return True, ""
+
+
+class Hub:
+    """Collects what would be notified."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutgoingAlert] = []
+        self.events: list[Any] = []
+
+    def alerts(self, alerts: list[OutgoingAlert], now: float) -> None:
+        self.sent.extend(alerts)
+
+    def event(self, event: Any, now: float) -> None:
+        self.events.append(event)
+
+
+def alert(name: str, state: str = "firing", **labels: str) -> OutgoingAlert:
+    return OutgoingAlert({"alertname": name, "instance": "vllm-0", **labels}, {}, state, 0.0, 0.0, 1.0)
+
+
+def make(
+    text: str = CONFIG,
+    env: Mapping[str, str] | None = None,
+    engine_state: Callable[[str, float], str] = lambda _, __: "",
+) -> tuple[Remediator, ScriptedRuntime, Ready, Hub, Clock]:
+    cfg: Config = parse_config(text, "c.yml", env=env or {})
+    runtime = ScriptedRuntime()
+    ready, hub, clock = Ready(runtime), Hub(), Clock()
+
+    async def no_sleep(_: float) -> None:
+        await asyncio.sleep(0)
+
+    r = Remediator(
+        cfg,
+        ActionStore(None),
+        {"vllm-0": runtime},
+        ready,  # type: ignore[arg-type]
+        hub=hub,  # type: ignore[arg-type]
+        clock=clock,
+        monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
+        sleep=no_sleep,
+        engine_state=engine_state,
+    )
+    r.reconciled.set()
+    return r, runtime, ready, hub, clock
+
+
+async def settle(r: Remediator) -> None:
+    for _ in range(200):
+        if not any(q for q in r.queues.values()) and not r.current:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("queue did not drain")
+
+
+async def test_a_routed_alert_restarts_gracefully_and_is_audited() -> None:
+    r, rt, _, hub, _ = make()
+    assert r.handle([alert("Hung")], 0.0) == 1
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+    (rec,) = r.store.history()
+    assert (rec.action, rec.target, rec.outcome) == ("restart", "vllm-0", "succeeded")
+    assert r.store.drains() == {}  # undrained afterwards
+    assert [e.outcome for e in hub.events] == ["started", "succeeded"]
+
+
+async def test_unrouted_and_resolved_alerts_do_nothing() -> None:
+    r, rt, *_ = make()
+    assert r.handle([alert("Other"), alert("Hung", "resolved")], 0.0) == 0
+    await settle(r)
+    assert rt.calls == [] and r.store.history() == []
+
+
+async def test_dry_run_evaluates_everything_and_touches_nothing() -> None:
+    r, rt, _, hub, _ = make(CONFIG + "dry_run: true\n")
+    r.handle([alert("Hung"), alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == []
+    outcomes = sorted((rec.action, rec.outcome) for rec in r.store.history())
+    assert outcomes == [("draft_off", "would_do"), ("restart", "would_do")]
+    reasons = {rec.action: rec.reason for rec in r.store.history()}
+    assert "without --speculative-config" in reasons["draft_off"]
+    assert r.store.load_spec("vllm-0", "draft") is None  # a dry run saves nothing either
+    assert sorted(e.outcome for e in hub.events) == ["would_do", "would_do"] and all(
+        e.dry_run for e in hub.events
+    )
+
+
+async def test_concurrent_alerts_merge_and_never_interleave() -> None:
+    r, rt, *_ = make()
+    r.handle([alert("Hung"), alert("Hung", pod="a"), alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == ["stop", "start", "replace", "commit"]  # one restart, then the relaunch; in order
+
+
+async def test_cooldown_then_budget_then_alert() -> None:
+    r, rt, _, hub, clock = make()
+    start = clock.t
+    for minute in (0, 5, 16, 32, 48, 64):
+        clock.t = start + 60 * minute
+        r.handle([alert("Hung")], clock.t)
+        await settle(r)
+    assert rt.calls.count("stop") == 3  # minutes 0, 16, 32; 5 was cooling down; 48 and 64 are over budget
+    rails = [rec.reason for rec in r.store.history() if rec.outcome == "skipped"]
+    assert any("cooldown" in x for x in rails) and any("budget" in x for x in rails)
+    budget = [a for a in hub.sent if a.labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"]
+    assert budget and budget[0].state == "firing" and budget[0].labels["target"] == "vllm-0"
+    clock.t += 7 * 3600  # the window frees the budget: the own alert resolves
+    await r.tick(clock.t)
+    assert (
+        hub.sent[-1].labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"
+        and hub.sent[-1].state == "resolved"
+    )
+
+
+async def test_disable_then_enable_draft_restores_the_exact_spec() -> None:
+    r, rt, *_ = make()
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    assert "--speculative-config" not in rt.current.args
+    assert rt.current.args == (
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+        "--max-num-seqs",
+        "4",
+    )
+    assert rt.current.data == {"image": "vllm:test"}
+    r.handle([alert("SpecBad")], 1.0)  # already off: nothing to do
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]
+    job = r.run_manual("draft_on", None)
+    await settle(r)
+    assert job.done is not None and (await job.done)["outcome"] == "succeeded"
+    assert (
+        dict(zip(rt.current.args[::2], rt.current.args[1::2], strict=False))["--speculative-config"] == SPEC
+    )
+    assert r.store.load_spec("vllm-0", "draft") is None
+
+
+async def test_a_replacement_that_is_not_ready_is_rolled_back_and_alerted() -> None:
+    r, rt, ready, hub, _ = make()
+    ready.broken.add(("-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-num-seqs", "4"))
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    assert rt.calls == ["replace", "rollback"] and rt.current.args == ARGS
+    (rec,) = r.store.history()
+    assert rec.outcome == "rolled_back" and "connection refused" in rec.reason
+    assert hub.sent[-1].labels["alertname"] == "VLLMWatchdogActionRolledBack"
+
+
+async def test_reconfigure_restores_after_the_hold() -> None:
+    r, rt, _, _, clock = make()
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    assert (
+        "--max-num-seqs" in rt.current.args
+        and rt.current.args[rt.current.args.index("--max-num-seqs") + 1] == "1"
+    )
+    r.handle([alert("Hot", "resolved")], clock.t)
+    clock.t += 300
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]  # still within the 10 m hold
+    clock.t += 301
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.current.args == ARGS and rt.calls == ["replace", "commit", "replace", "commit"]
+
+
+async def test_a_restore_is_due_from_the_resolution_not_from_each_resend_of_it() -> None:
+    r, rt, _, _, clock = make()
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    resolved_at = clock.t
+    resolved = replace(alert("Hot", "resolved"), ends_at=resolved_at)
+    for _ in range(10):  # Prometheus resends a resolved alert every minute for 15 minutes
+        r.handle([resolved], clock.t)
+        clock.t += 60
+        await r.tick(clock.t)
+        await settle(r)
+    assert clock.t >= resolved_at + 600
+    assert rt.current.args == ARGS  # restored 10 m after the resolution, though it was resent since
+    for _ in range(5):
+        r.handle([resolved], clock.t)
+        clock.t += 60
+        await r.tick(clock.t)
+        await settle(r)
+    assert rt.calls == ["replace", "commit", "replace", "commit"]  # and only once
+    assert [rec.outcome for rec in r.store.history()] == ["succeeded", "succeeded"]
+
+
+async def test_relaunch_actions_run_with_info_logging(caplog: pytest.LogCaptureFixture) -> None:
+    r, *_ = make()
+    with caplog.at_level(logging.INFO, logger="vllm_watchdog"):
+        r.handle([alert("SpecBad")], 0.0)
+        await settle(r)
+    assert [rec.outcome for rec in r.store.history()] == ["succeeded"]
+    assert any(rec.getMessage() == "action step" for rec in caplog.records)
+
+
+async def test_a_crashing_flow_is_recorded_as_failed_and_does_not_block_the_target() -> None:
+    r, rt, *_ = make()
+
+    async def broken(launch: Launch, stop_timeout: float) -> None:
+        raise RuntimeError("a bug")
+
+    rt.replace = broken  # type: ignore[method-assign]
+    r.handle([alert("SpecBad")], 0.0)
+    await settle(r)
+    (rec,) = r.store.history()
+    assert rec.outcome == "failed" and rec.reason == "internal error: a bug"
+    r.handle([alert("Hung")], 1.0)
+    await settle(r)
+    assert r.store.history()[0].outcome == "succeeded" and rt.calls[-2:] == ["stop", "start"]
+
+
+async def test_a_failed_stop_fails_the_action_and_backs_off() -> None:
+    r, rt, *_ = make(CONFIG.replace("cooldown: 15m, ", "cooldown: 0s, "))
+    rt.fail_stop = True
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    (rec,) = r.store.history()
+    assert rec.outcome == "failed" and "stop failed" in rec.reason and r.store.drains() == {}
+    r.handle([alert("Hung")], 1.0)
+    await settle(r)
+    assert r.store.history()[0].outcome == "skipped" and "backoff" in r.store.history()[0].reason
+
+
+async def test_refusals() -> None:
+    text = CONFIG.replace("container: vllm-0", "unit: vllm.service")
+    r, rt, *_ = make(text)
+    r.runtimes["vllm-0"].kind = "systemd"  # type: ignore[misc]
+    r.handle([alert("SpecBad"), alert("Hung", instance="some-other-server")], 0.0)
+    await settle(r)
+    reasons = sorted(rec.reason for rec in r.store.history())
+    assert any("systemd mode supports restart only" in x for x in reasons)
+    assert any("names no configured target" in x for x in reasons)
+    assert rt.calls == []
+
+
+async def test_a_repeated_refusal_is_recorded_once_per_ten_minutes_and_counted_each_time() -> None:
+    r, rt, *_ = make()
+    for t in (0.0, 60.0, 120.0, 599.0, 600.0):  # a firing alert about an unknown server, resent each minute
+        r.handle([alert("Hung", instance="some-other-server")], t)
+        await settle(r)
+    rows = [rec for rec in r.store.history() if rec.outcome == "refused"]
+    assert sorted(rec.started_at for rec in rows) == [0.0, 600.0]
+    assert r.audit.counts[("restart", "", "refused")] == 5
+    assert rt.calls == []
+
+
+async def test_reconcile_finishes_an_uncommitted_replacement_and_undrains() -> None:
+    r, rt, *_ = make()
+    aid = r.store.begin("draft_off", "disable_draft", "vllm-0", "alert", {}, False, 0.0)
+    r.store.set_drain("vllm-0", True, 0.0, aid)
+    rt.previous = rt.current
+    rt.current = rt.current.with_args(ARGS[:4])
+    await r.reconcile()
+    rec = r.store.history()[0]
+    assert rec.outcome == "succeeded" and "after a watchdog restart" in rec.reason
+    assert rt.calls == ["commit"] and r.store.drains() == {}
+
+
+async def test_gpu_power_limit_caps_then_restores_after_the_hold() -> None:
+    text = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0, gpus: [0, 1]}]
+routes: [{match: {alertname: Hot}, actions: [cap]}]
+actions:
+  cap: {type: gpu_power_limit, ratio: 0.5, restore_after: 5m, startup_grace: 0s}
+"""
+    r, rt, _, hub, clock = make(text)
+    fake = FakeNvml(gpus=2)
+    fake.gpus[0].power_limit_mw = 650_000  # an operator-set limit below the default: restored exactly
+    r.power = PowerLimiter(fake)
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    assert [g.power_limit_mw for g in fake.gpus] == [350_000, 350_000]  # half the 700 W default
+    assert rt.calls == []  # not disruptive: the server is not touched
+    r.handle([alert("Hot", "resolved")], clock.t)
+    clock.t += 301
+    await r.tick(clock.t)
+    await settle(r)
+    assert [g.power_limit_mw for g in fake.gpus] == [650_000, 700_000]
+    assert [h.outcome for h in r.store.history()] == ["succeeded", "succeeded"]
+    assert [e.outcome for e in hub.events] == ["started", "succeeded", "started", "succeeded"]
+
+
+async def test_gpu_power_limit_without_nvml_or_gpus_is_refused() -> None:
+    text = """
+targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]
+routes: [{match: {alertname: Hot}, actions: [cap]}]
+actions: {cap: {type: gpu_power_limit, watts: 300, startup_grace: 0s}}
+"""
+    r, *_ = make(text)
+    r.handle([alert("Hot")], 0.0)
+    await settle(r)
+    r.power = PowerLimiter(FakeNvml(gpus=1))
+    r.handle([alert("Hot")], 1.0)
+    await settle(r)
+    reasons = [h.reason for h in r.store.history()]
+    assert [h.outcome for h in r.store.history()] == ["refused", "refused"]
+    assert "lists no gpus" in reasons[0] and "needs NVML" in reasons[1]
+
+
+async def test_a_crash_loop_stops_the_action_and_alerts() -> None:
+    text = CONFIG.replace(
+        "restart: {type: restart, cooldown: 15m, startup_grace: 0s, max_per_window: {count: 3, window: 6h}}",
+        "restart: {type: restart, cooldown: 0s, startup_grace: 0s, crash_loop_window: 10m, crash_loop_max: 2}",
+    )
+    r, rt, _, hub, clock = make(text)
+    for _ in range(4):  # a new need each time, right after each successful restart
+        clock.t += 60
+        r.handle(
+            [OutgoingAlert({"alertname": "Hung", "instance": "vllm-0"}, {}, "firing", clock.t, 0.0, 1.0)],
+            clock.t,
+        )
+        await settle(r)
+    assert rt.calls == ["stop", "start", "stop", "start"]  # two restarts, then no more
+    assert [h.outcome for h in r.store.history()] == [
+        "skipped",
+        "succeeded",
+        "succeeded",
+    ]  # repeats logged once
+    assert "crash loop" in r.store.history()[0].reason
+    assert any(a.labels["alertname"] == "VLLMWatchdogCrashLoop" and a.state == "firing" for a in hub.sent)
+
+
+async def test_a_target_queues_at_most_max_queued_jobs_and_skips_the_rest_on_an_audited_rail() -> None:
+    r, *_ = make()
+    restart, target = r.config.actions["restart"], r.config.targets[0]
+    distinct = [
+        Job(replace(restart, name=f"restart-{i}"), target, {}, "inbound") for i in range(MAX_QUEUED + 36)
+    ]
+    queued = [r.enqueue(job) for job in distinct]  # all before the worker first runs
+    assert sum(queued) == MAX_QUEUED and len(r.queues["vllm-0"]) == MAX_QUEUED
+    skipped = [rec for rec in r.store.history(limit=1000) if rec.outcome == "skipped"]
+    assert len(skipped) == 36 and all(QUEUE_RAIL in rec.reason for rec in skipped)
+    assert sum(n for (_, _, outcome), n in r.audit.counts.items() if outcome == "skipped") == 36
+    r.queues["vllm-0"].clear()  # the queued ones are not what this test runs
+    await settle(r)
+
+
+class Pause:
+    """What the monitor says about the target's engine: paused on purpose, or not."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+
+    def __call__(self, target: str, now: float) -> str:
+        return self.reason if target == "vllm-0" else ""
+
+
+async def test_a_paused_engine_is_not_restarted_by_any_alert_and_the_refusal_is_audited() -> None:
+    pause = Pause()
+    r, rt, _, hub, clock = make(engine_state=pause)
+    pause.reason = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
+    r.handle([alert("Hung"), alert("SpecBad")], clock.t)  # an operator's rule without `unless paused`
+    await settle(r)
+    assert rt.calls == []
+    rows = {(rec.action, rec.outcome, rec.reason) for rec in r.store.history()}
+    assert rows == {("restart", "skipped", pause.reason), ("draft_off", "skipped", pause.reason)}
+    assert [e.outcome for e in hub.events] == ["skipped", "skipped"]
+    pause.reason = ""  # POST /resume: the same alert, re-sent, restarts a hung engine as before
+    clock.t += 60
+    r.handle([alert("Hung")], clock.t)
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+
+
+async def test_a_child_that_exited_is_respawned_even_if_it_last_said_it_was_paused() -> None:
+    pause = Pause()
+    r, rt, *_ = make(engine_state=pause)
+    pause.reason = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
+    target = r.config.targets[0]
+    r.enqueue(Job(RESPAWN, target, {"target": "vllm-0", "exit_code": "1"}, "supervisor"))
+    await settle(r)
+    assert rt.calls == ["stop", "start"]
+
+
+async def test_a_restore_refused_while_paused_is_due_again_and_runs_after_the_resume() -> None:
+    pause = Pause()
+    r, rt, _, _, clock = make(engine_state=pause)
+    r.handle([alert("Hot")], clock.t)
+    await settle(r)
+    r.handle([replace(alert("Hot", "resolved"), ends_at=clock.t)], clock.t)
+    pause.reason = "the engine is asleep on purpose (GET /is_sleeping answered true)"
+    clock.t += 601  # the 10 m hold is over, but the engine sleeps
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]
+    assert r.store.history()[0].outcome == "skipped"
+    pending = r.store.get("restore/smaller/vllm-0")
+    assert isinstance(pending, dict) and pending["due"] == clock.t + RESTORE_RECHECK
+    pause.reason = ""  # POST /wake_up
+    clock.t += RESTORE_RECHECK
+    await r.tick(clock.t)
+    await settle(r)
+    assert rt.calls == ["replace", "commit", "replace", "commit"] and rt.current.args == ARGS

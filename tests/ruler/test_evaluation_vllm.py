@@ -1,0 +1,104 @@
+"""End to end: an in-process rule fires while a real vLLM's queue is flooded, and resolves afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.test_daemon import wait_for
+from tests.support.vllm_server import VllmServer, free_port
+from vllm_watchdog.service.daemon import Daemon
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
+FLOOD = 10  # requests; with --max-num-seqs 1 all but one wait
+# Sampled, not greedy: the shared server runs ngram speculative decoding, and a random model's greedy output
+# repeats itself, so drafts hit and a greedy flood drains in about a second on a fast machine; CI once saw
+# no queue at all that way. Sampled tokens defeat the ngram drafts and keep the queue up for many seconds.
+TOKENS = 256
+RULES = """
+groups:
+  - name: queue
+    rules:
+      - alert: QueueBacklog
+        expr: vllm:num_requests_waiting > 2
+        for: 2s
+        labels: {severity: warning}
+        annotations:
+          summary: "{{ $labels.instance }} has {{ $value }} requests waiting"
+"""
+
+
+def firing(alerts: Any, name: str) -> list[dict[str, Any]]:
+    return [
+        a for a in alerts["data"]["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"
+    ]
+
+
+async def _complete(client: httpx.AsyncClient, url: str, seed: int) -> int:
+    body = {
+        "model": "tiny-llama",
+        "prompt": "one two three",
+        "max_tokens": TOKENS,
+        "temperature": 1.0,
+        "seed": seed,
+        "ignore_eos": True,
+    }
+    return (await client.post(url + "/v1/completions", json=body, timeout=180)).status_code
+
+
+async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_server: VllmServer) -> None:
+    (tmp_path / "queue.rules.yml").write_text(RULES)
+    port = free_port()
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"listen: 127.0.0.1:{port}\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: false}}]\n"
+        "rule_files: [queue.rules.yml]\n"
+    )
+    d = Daemon(str(cfg), env={})
+    ready = asyncio.Event()
+    task = asyncio.create_task(d.run(ready))
+    await asyncio.wait_for(ready.wait(), 30)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            await wait_for(client, base + "/api/v1/targets", lambda j: j["data"][0]["up"], limit=30)
+            assert (await client.get(base + "/api/v1/alerts")).json()["data"]["alerts"] == []
+            started = time.time()
+            flood = [asyncio.create_task(_complete(client, vllm_server.url, i)) for i in range(FLOOD)]
+            try:
+                alerts = await wait_for(
+                    client, base + "/api/v1/alerts", lambda j: firing(j, "QueueBacklog"), 120
+                )
+            except AssertionError:
+                targets = (await client.get(base + "/api/v1/targets")).json()
+                found = (await client.get(base + "/api/v1/series?match=vllm:num_requests_waiting")).json()
+                waiting = [max((float(v) for _, v in s["samples"]), default=None) for s in found["data"]]
+                raise AssertionError(
+                    f"no alert; targets: {targets}; most waiting seen: {waiting}; {vllm_server.log_tail()}"
+                ) from None
+            (alert,) = firing(alerts, "QueueBacklog")
+            assert alert["labels"]["instance"] == "vllm-0" and alert["labels"]["severity"] == "warning"
+            assert alert["annotations"]["summary"].startswith("vllm-0 has ")
+            assert float(alert["value"]) > 2
+            metrics = (await client.get(base + "/metrics")).text
+            assert 'ALERTS{alertname="QueueBacklog",alertstate="firing"' in metrics
+            rules = (await client.get(base + "/api/v1/rules")).json()
+            (rule,) = rules["data"]["groups"][0]["rules"]
+            assert rule["health"] == "ok" and rule["state"] == "firing"
+            print(f"firing {time.time() - started:.1f}s after the flood began")
+            assert all(code == 200 for code in await asyncio.gather(*flood))
+            await wait_for(
+                client, base + "/api/v1/alerts", lambda j: not j["data"]["alerts"], limit=60
+            )  # resolved alerts leave the active list
+            assert 'alertstate="firing"' not in (await client.get(base + "/metrics")).text
+    finally:
+        d.stop()
+        await asyncio.wait_for(task, 10)

@@ -1,0 +1,118 @@
+"""The daemon against a real vLLM 0.32 (CPU build, tiny random Llama) shared by the session."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.test_daemon import wait_for
+from tests.support.vllm_server import VllmServer, free_port
+from vllm_watchdog.service.daemon import Daemon
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
+
+
+def last(series: dict[str, Any]) -> str:
+    return str(series["samples"][-1][1])
+
+
+async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
+    tmp_path: Path, vllm_server: VllmServer
+) -> None:
+    port = free_port()
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: {{interval: 2s, timeout: 20s}}}}]\n"
+        "rule_files: ['bundled:vllm.rules.yml']\n"
+    )
+    d = Daemon(str(cfg), env={})
+    ready = asyncio.Event()
+    task = asyncio.create_task(d.run(ready))
+    await asyncio.wait_for(ready.wait(), 30)
+    base = f"http://127.0.0.1:{port}"
+    series_url = base + "/api/v1/series"
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            targets = await wait_for(
+                client,
+                base + "/api/v1/targets",
+                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                limit=90,
+            )
+            assert targets["data"][0]["health"]["up"] is True  # type: ignore[index]
+            running = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
+            (series,) = running["data"]
+            labels = series["labels"]
+            assert labels["job"] == "vllm" and labels["instance"] == "vllm-0"
+            assert labels["model_name"] == "tiny-llama" and last(series) == "0.0"
+            # only the families the bundled rules read are stored
+            assert (await client.get(series_url, params={"match": "vllm:request_params_n_bucket"})).json()[
+                "data"
+            ] == []
+            ttft = (
+                await client.get(series_url, params={"match": "vllm:time_to_first_token_seconds_bucket"})
+            ).json()
+            assert len(ttft["data"]) > 5
+
+            vllm_server.stop(signal.SIGKILL)
+            await wait_for(
+                client,
+                series_url + "?match=up",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=30,
+            )
+            gone = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
+            assert last(gone["data"][0]) == "stale"
+            await wait_for(
+                client,
+                series_url + "?match=vllm_watchdog_health_up",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=30,
+            )
+
+            vllm_server.start()
+            await wait_for(
+                client,
+                series_url + "?match=vllm:num_requests_running",
+                lambda j: last(j["data"][0]) == "0.0",
+                limit=60,
+            )
+            await wait_for(
+                client,
+                base + "/api/v1/targets",
+                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                limit=90,
+            )
+    finally:
+        if vllm_server.proc is None or vllm_server.proc.poll() is not None:
+            vllm_server.start()  # leave the shared server running for later tests
+        d.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def test_targets_command_against_real_vllm(tmp_path: Path, vllm_server: VllmServer) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        f"targets:\n  - {{name: vllm-0, url: '{vllm_server.url}', canary: {{timeout: 30s}}}}\n"
+        "  - {name: nothing-here, url: 'http://127.0.0.1:9', canary: false}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_watchdog", "targets", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr  # one target is down
+    header, real, down = out.stdout.splitlines()
+    assert header.split()[:4] == ["TARGET", "URL", "UP", "SAMPLES"]
+    cols = real.split()
+    assert cols[0] == "vllm-0" and cols[2] == "1" and int(cols[3]) > 400 and "ok" in real
+    assert down.split()[:3] == ["nothing-here", "http://127.0.0.1:9", "0"] and "ConnectError" in down

@@ -1,0 +1,195 @@
+"""vLLM's deliberate states through the monitor, against a programmed HTTP server: /is_paused and /is_sleeping
+asked once when the server has none (404) and again after it restarts; an answer that does not come is not
+"paused"; the canary waits while the engine is paused or asleep; vllm:engine_sleep_state without dev mode."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.support.faultserver import FaultServer
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.enginestate import STATE_SERIES
+from vllm_watchdog.sources.monitor import Monitor
+from vllm_watchdog.sources.selffeed import SelfFeed
+from vllm_watchdog.store import make_labels
+
+pytestmark = pytest.mark.anyio
+NOW = 1_700_000_000.0
+PAUSED, SLEEPING = STATE_SERIES["paused"], STATE_SERIES["sleeping"]
+ASLEEP_METRICS = """# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="weights_offloaded"} 1.0
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="discard_all"} 0.0
+"""
+
+
+def monitor(url: str, canary: str = "false") -> Monitor:
+    text = f"targets: [{{name: t, url: '{url}', health_timeout: 500ms, canary: {canary}}}]\n"
+    return Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
+
+
+def asked(fault: FaultServer, path: str) -> int:
+    return sum(1 for _, p, _ in fault.requests if p == path)
+
+
+def value(mon: Monitor, name: str, now: float) -> float | None:
+    """The series' value at `now` as a query sees it (None: absent or stale)."""
+    series = mon.store.get(make_labels(name, {"job": "vllm", "instance": "t"}))
+    got = series.at(math.floor(now * 1000), 300_000) if series.registered else None
+    return None if got is None else got[1]
+
+
+async def test_without_dev_mode_each_endpoint_is_asked_once_and_again_after_a_restart(
+    fault: FaultServer,
+) -> None:
+    fault.vllm_like("")  # no /is_paused, /is_sleeping: 404, as vLLM without VLLM_SERVER_DEV_MODE=1
+    mon = monitor(fault.url)
+    for i in range(5):
+        await mon.probe_health("t", NOW + i)
+    assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (1, 1)
+    assert value(mon, PAUSED, NOW + 5) is None and value(mon, SLEEPING, NOW + 5) is None
+    assert mon.engine_state("t", NOW + 5) == ""
+
+    fault.set("/health", b"", status=503)  # the server goes away...
+    await mon.probe_health("t", NOW + 6)
+    assert asked(fault, "/is_paused") == 1  # (not asked while /health fails)
+    fault.set("/health", b"")  # ...and comes back in dev mode
+    fault.set("/is_paused", {"is_paused": False})
+    fault.set("/is_sleeping", {"is_sleeping": False})
+    for i in range(7, 10):
+        await mon.probe_health("t", NOW + i)
+    assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (4, 4)
+    assert value(mon, PAUSED, NOW + 9) == 0.0 and value(mon, SLEEPING, NOW + 9) == 0.0
+    await mon.aclose()
+
+
+async def test_a_paused_engine_is_stored_and_named_and_a_resume_ends_it(fault: FaultServer) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": True})
+    fault.set("/is_sleeping", {"is_sleeping": True})  # vLLM 0.32 is "sleeping" while paused too
+    mon = monitor(fault.url)
+    await mon.probe_health("t", NOW)
+    assert value(mon, PAUSED, NOW) == 1.0 and value(mon, SLEEPING, NOW) == 1.0
+    assert mon.engine_state("t", NOW + 1).startswith("the engine is paused on purpose (GET /is_paused")
+    fault.set("/is_paused", {"is_paused": False})
+    fault.set("/is_sleeping", {"is_sleeping": False})
+    await mon.probe_health("t", NOW + 1)
+    assert value(mon, PAUSED, NOW + 1) == 0.0 and mon.engine_state("t", NOW + 1) == ""
+    await mon.aclose()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"body": {"is_paused": True}, "delay": 1.0},  # EngineCore SIGSTOPped: the answer never comes in time
+        {"body": b"internal error", "status": 500},
+        {"body": {"paused": "yes"}},  # not the answer vLLM gives
+    ],
+    ids=["timeout", "500", "other-json"],
+)
+async def test_an_endpoint_that_does_not_answer_is_not_paused(
+    fault: FaultServer, reply: dict[str, object]
+) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": True})
+    mon = monitor(fault.url)
+    await mon.probe_health("t", NOW)
+    assert mon.engine_state("t", NOW) != ""
+    fault.set("/is_paused", **reply)  # type: ignore[arg-type]
+    await mon.probe_health("t", NOW + 1)
+    assert mon.engine_state("t", NOW + 1) == ""
+    assert value(mon, PAUSED, NOW + 1) == 0.0  # the series stays, at 0: the rules' `unless` lets go
+    await mon.probe_health("t", NOW + 2)
+    assert asked(fault, "/is_paused") == 3  # an endpoint that did not answer is asked again (no 404)
+    await mon.aclose()
+
+
+async def test_the_canary_waits_while_the_engine_is_paused(fault: FaultServer) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": True})
+    mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
+    await mon.probe_health("t", NOW)
+    await mon.probe_canary("t", NOW + 0.5)
+    assert asked(fault, "/v1/completions") == 0
+    assert value(mon, "vllm_watchdog_canary_success", NOW + 1) is None
+    fault.set("/is_paused", {"is_paused": False})  # POST /resume
+    await mon.probe_health("t", NOW + 1)
+    await mon.probe_canary("t", NOW + 1.5)
+    assert asked(fault, "/v1/completions") == 1
+    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 1.0
+    await mon.aclose()
+
+
+async def test_a_canary_that_failed_because_the_engine_was_paused_meanwhile_is_not_recorded(
+    fault: FaultServer,
+) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": False})
+    mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
+    await mon.probe_health("t", NOW)
+    await mon.probe_canary("t", NOW + 0.1)
+    assert value(mon, "vllm_watchdog_canary_success", NOW + 0.2) == 1.0
+    # POST /pause?mode=keep while the next canary is on its way: it is held until it times out.
+    fault.set("/v1/completions", {"choices": [], "usage": {"completion_tokens": 1}}, delay=1.0)
+    fault.set("/is_paused", {"is_paused": True})
+    await mon.probe_canary("t", NOW + 1)
+    assert asked(fault, "/v1/completions") == 2
+    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 1.0  # the held canary is not a failure
+    rt = mon.targets["t"]
+    assert rt.canary is not None and rt.canary.status.ok and rt.canary.status.runs == 1
+    await mon.aclose()
+
+
+async def test_a_canary_that_fails_on_an_engine_that_is_not_paused_is_recorded(fault: FaultServer) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": False})
+    fault.set("/v1/completions", {"choices": [], "usage": {"completion_tokens": 1}}, delay=1.0)
+    mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
+    await mon.probe_health("t", NOW)
+    await mon.probe_canary("t", NOW + 1)
+    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 0.0
+    await mon.aclose()
+
+
+async def test_an_engine_asleep_by_its_metrics_is_named_without_dev_mode(fault: FaultServer) -> None:
+    fault.vllm_like(ASLEEP_METRICS)
+    mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
+    await mon.scrape("t", NOW)
+    await mon.probe_health("t", NOW)
+    reason = mon.engine_state("t", NOW + 1)
+    assert reason == (
+        'the engine is asleep on purpose (vllm:engine_sleep_state{sleep_state="awake"} is 0, engine 0)'
+    )
+    await mon.probe_canary("t", NOW + 1)
+    assert asked(fault, "/v1/completions") == 0  # the canary waits for /wake_up
+    fault.set("/metrics", ASLEEP_METRICS.replace('"awake"} 0.0', '"awake"} 1.0'))
+    await mon.scrape("t", NOW + 2)
+    assert mon.engine_state("t", NOW + 2) == ""
+    await mon.aclose()
+
+
+async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_back_once(
+    fault: FaultServer,
+) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": True})
+    mon = monitor(fault.url)
+    await mon.probe_health("t", NOW)
+    collector = WatchdogCollector(mon, DaemonCounters())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert 'vllm_watchdog_engine_paused{instance="t",job="vllm"} 1.0' in text
+    assert "vllm_watchdog_engine_sleeping{" not in text  # 404: absent
+    # The self feed writes the own families into the store; these the monitor wrote already.
+    feed = SelfFeed(mon.store, [collector], "127.0.0.1:9460", lambda: None)
+    feed.commit(math.floor((NOW + 1) * 1000))
+    assert [s.labels for s in mon.store.select(PAUSED)] == [
+        make_labels(PAUSED, {"job": "vllm", "instance": "t"})
+    ]
+    await mon.aclose()

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pynvml
+import pytest
+
+from tests.service.test_daemon import wait_for
+from tests.sources.test_scrape import target
+from tests.support.fake_nvml import FakeNvml
+from tests.support.faultserver import FaultServer
+from tests.support.vllm_server import free_port
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.sources.gpu import GpuCollector
+from vllm_watchdog.sources.monitor import Monitor
+from vllm_watchdog.sources.nvml import NvmlSource
+from vllm_watchdog.store import SampleStore, is_stale
+
+DCGM_PAYLOAD = """# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
+# TYPE DCGM_FI_DEV_GPU_TEMP gauge
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA H100",Hostname="h"} 71
+# TYPE DCGM_FI_DEV_CLOCK_THROTTLE_REASONS gauge
+DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA H100",Hostname="h"} 4
+"""
+
+
+def test_collector_stores_dcgm_names_and_goes_stale_when_nvml_fails() -> None:
+    fake = FakeNvml(gpus=2)
+    fake.gpus[1].temperature_c = 88
+    store = SampleStore(600)
+    collector = GpuCollector(NvmlSource(nvml=fake, hostname="h"), store, instance="h")
+    collector.commit(collector.collect(), 1000, None)
+    temps = {dict(s.labels)["gpu"]: s.vals[-1] for s in store.select("DCGM_FI_DEV_GPU_TEMP")}
+    assert temps == {"0": 40.0, "1": 88.0}
+    labels = dict(next(iter(store.select("DCGM_FI_DEV_POWER_USAGE"))).labels)
+    assert labels["job"] == "nvml" and labels["instance"] == "h" and labels["UUID"].startswith("GPU-")
+    fake.fail("nvmlDeviceGetCount", pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake.gpus[0].lost = True
+    collector.commit(collector.collect(), 2000, None)
+    assert not collector.up and collector.last_error
+    assert all(is_stale(s.vals[-1]) for s in store.select("DCGM_FI_DEV_GPU_TEMP"))
+    (up,) = store.select("up")
+    assert list(up.vals) == [1.0, 0.0]
+    fake.clear_failures()
+    fake.gpus[0].lost = False
+    collector.commit(collector.collect(), 3000, None)  # NVML came back: reopened, fresh samples
+    assert collector.up and list(up.vals) == [1.0, 0.0, 1.0]
+    assert not any(is_stale(s.vals[-1]) for s in store.select("DCGM_FI_DEV_GPU_TEMP"))
+
+
+@pytest.mark.anyio
+async def test_dcgm_exporter_payload_with_legacy_name(fault: FaultServer) -> None:
+    fault.set("/metrics", DCGM_PAYLOAD)
+    store = SampleStore(600)
+    async with httpx.AsyncClient() as client:
+        assert (await target(store, client, fault.url, job="dcgm", instance="127.0.0.1:9400").scrape(1.0)).up
+    (reasons,) = store.select("DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+    assert reasons.vals[-1] == 4.0 and dict(reasons.labels)["gpu"] == "0"
+
+
+@pytest.mark.anyio
+async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServer) -> None:
+    fault.vllm_like("vllm:num_requests_waiting 0\n")
+    fault.set("/dcgm", DCGM_PAYLOAD)
+    port = free_port()
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        f"listen: 127.0.0.1:{port}\ntargets: [{{name: v, url: '{fault.url}', canary: false}}]\n"
+        f"gpus: {{nvml: true, dcgm_url: '{fault.url}/dcgm'}}\n"
+    )
+    fake = FakeNvml(gpus=1)
+    d = Daemon(str(cfg), env={}, nvml=fake)
+    ready = asyncio.Event()
+    task = asyncio.create_task(d.run(ready))
+    await asyncio.wait_for(ready.wait(), 20)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            got = await wait_for(
+                client, base + "/api/v1/series?match=DCGM_FI_DEV_GPU_TEMP", lambda j: len(j["data"]) == 2
+            )
+            jobs = sorted(s["labels"]["job"] for s in got["data"])  # type: ignore[index]
+            assert jobs == ["dcgm", "nvml"]
+            metrics = (await client.get(base + "/metrics")).text
+            assert "vllm_watchdog_nvml_up 1.0" in metrics
+    finally:
+        d.stop()
+        await asyncio.wait_for(task, 10)
+    assert fake.count("nvmlShutdown") == 1
+
+
+@pytest.mark.anyio
+async def test_reload_with_new_scrape_settings_retires_the_old_dcgm_scraper(fault: FaultServer) -> None:
+    fault.set("/dcgm", DCGM_PAYLOAD)
+    text = f"gpus: {{dcgm_url: '{fault.url}/dcgm'}}\n"
+    monitor = Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
+    old = monitor.dcgm
+    assert old is not None
+    await monitor.scrape_dcgm(1.0)
+    faster = parse_config("global: {scrape_interval: 2s}\n" + text, "c.yml", env={})
+    monitor.apply(faster, (), now=2.0)
+    await monitor.close_retired()
+    assert monitor.dcgm is not None and monitor.dcgm is not old
+    assert old.client.is_closed
+    assert all(is_stale(s.vals[-1]) for s in monitor.store.select("DCGM_FI_DEV_GPU_TEMP"))
+    await monitor.aclose()
+    assert monitor.dcgm.client.is_closed

@@ -1,0 +1,111 @@
+"""The monitor's warnings: once when a scrape or probe starts failing or changes, then a summary every few
+minutes, never once per scrape; and the samples it drops for their timestamp are exported."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.support.faultserver import FaultServer
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.monitor import SUMMARY_EVERY, Monitor
+
+pytestmark = pytest.mark.anyio
+NOW = 1_700_000_000.0
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def monitor(url: str, clock: Clock) -> Monitor:
+    cfg = parse_config(f"targets: [{{name: t, url: '{url}', canary: false}}]\n", "c.yml", env={})
+    return Monitor(cfg, (), client_factory=httpx.AsyncClient, monotonic=clock)
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, object]]:
+    return [
+        (r.getMessage(), getattr(r, "repeated", None))
+        for r in caplog.records
+        if r.name == "vllm_watchdog.sources.monitor"
+    ]
+
+
+async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
+    fault: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One down target logged 113 warnings in 52 s: one per scrape and one per probe."""
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
+    fault.set("/metrics", "gone", status=503)
+    fault.set("/health", "gone", status=503)
+    clock = Clock()
+    mon = monitor(fault.url, clock)
+    scrapes = int(3 * SUMMARY_EVERY) + 1  # 1 s scrapes and probes for 15 minutes, on the injected clock
+    for i in range(scrapes):
+        await mon.scrape("t", NOW + i)
+        await mon.probe_health("t", NOW + i)
+        clock.now += 1.0
+    got = lines(caplog)
+    assert got.count(("scrape failed", None)) == 1
+    assert got.count(("probe failed", None)) == 1
+    assert got.count(("scrape failed (still)", 300)) == 3  # at 5, 10 and 15 minutes
+    assert got.count(("probe failed (still)", 300)) == 3
+    assert len(got) == 8
+    caplog.clear()
+    fault.set("/metrics", "a 1\n")
+    fault.set("/health", "")
+    await mon.scrape("t", NOW + scrapes)
+    await mon.probe_health("t", NOW + scrapes)
+    await mon.scrape("t", NOW + scrapes + 1)
+    assert lines(caplog) == [("scrape recovered", None), ("probe recovered", None)]
+    await mon.aclose()
+
+
+async def test_a_new_kind_of_failure_is_logged_at_once(
+    fault: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
+    clock = Clock()
+    mon = monitor(fault.url, clock)
+    fault.set("/metrics", "gone", status=503)
+    for i in range(3):
+        await mon.scrape("t", NOW + i)
+    fault.set("/metrics", "this is { not valid\n")
+    for i in range(3, 6):
+        await mon.scrape("t", NOW + i)
+    kinds = [r.__dict__.get("kind") for r in caplog.records if r.getMessage() == "scrape failed"]
+    assert kinds == ["status", "parse"]
+    await mon.aclose()
+
+
+async def test_out_of_bounds_samples_are_warned_once_and_exported(
+    fault: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
+    far = int(NOW * 1000) + 86_400_000
+    fault.set("/metrics", f"a 1 {far}\nb 2\n")
+    clock = Clock()
+    mon = monitor(fault.url, clock)
+    for i in range(10):
+        await mon.scrape("t", NOW + i)
+        clock.now += 1.0
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.getMessage(), r.__dict__.get("num_dropped")) for r in warned] == [
+        ("error on ingesting samples that are too old or are too far into the future", 1)
+    ]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WatchdogCollector(mon, DaemonCounters()))
+    text = generate_latest(registry).decode()
+    assert 'vllm_watchdog_scrape_samples_out_of_bounds_total{instance="t",job="vllm"} 10.0' in text
+    assert 'vllm_watchdog_target_up{instance="t",job="vllm"} 1.0' in text
+    await mon.aclose()

@@ -1,0 +1,1 @@
+"""What the tests share: one clock, one config builder, the real servers and fakes they drive."""
