@@ -1,4 +1,4 @@
-"""Run the fuzz harnesses (tests/test_fuzz_*.py) for longer than the suite does.
+"""Run the fuzz harnesses (tests/*/test_fuzz_*.py) for longer than the suite does.
 
 Usage: python bench/fuzz.py [--minutes N | --examples N] [--harness NAME ...] [--logs DIR]
 
@@ -67,7 +67,8 @@ class Tally:
 def run_round(name: str, base: int, logs: Path, index: int) -> Round:
     """Run the harness' module once with the base example count; count what hypothesis ran."""
     log = logs / f"{name}-{index}.log"
-    command = [sys.executable, "-m", "pytest", f"tests/test_fuzz_{name}.py", "-q", "-p", "no:cacheprovider"]
+    (module,) = ROOT.glob(f"tests/*/test_fuzz_{name}.py")
+    command = [sys.executable, "-m", "pytest", str(module.relative_to(ROOT)), "-q", "-p", "no:cacheprovider"]
     command += ["--hypothesis-show-statistics", "--tb=short"]
     env = dict(os.environ, **{ENV: str(base)})
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""Shared hypothesis settings for the fuzz harnesses (tests/test_fuzz_*.py) and bench/fuzz.py.
+"""Shared hypothesis settings for the fuzz harnesses (tests/*/test_fuzz_*.py) and bench/fuzz.py.
 
 Each harness test is decorated with `fuzz(weight)`. Its example count is `weight` times the base count, which
 is VLLM_WATCHDOG_FUZZ_EXAMPLES (read when the test module is imported, not by the package) or, without it,
