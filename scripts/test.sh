@@ -6,4 +6,7 @@ cd "$ROOT"
 bash scripts/setup.sh
 # Known vulnerable dependencies fail the run: pip-audit via PyPI when both answer, else the committed snapshot.
 .venv/bin/python scripts/audit-deps.py >&2
-exec .venv/bin/python -m pytest "$@"
+# Most of the suite waits on servers (vLLM, Docker, Prometheus), not on the CPU, so it runs on a few xdist
+# workers; tests that share the session's vLLM keep to one worker (tests/support/runshare.py).
+# VLLM_WATCHDOG_TEST_WORKERS=0 runs it in one process.
+exec .venv/bin/python -m pytest -n "${VLLM_WATCHDOG_TEST_WORKERS:-4}" --dist loadgroup "$@"

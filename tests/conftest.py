@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import runshare
 from tests.support.faultserver import FaultServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -22,6 +23,21 @@ pytest_plugins = ["tests.support.vllm_server", "tests.support.docker_engine", "t
 # daemon that way, and the orphan would otherwise hold its port and memory until the session ends.
 SESSION_MARK = f"VLLM_WATCHDOG_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["VLLM_WATCHDOG_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run-wide directory that xdist workers share (a no-op on the workers themselves)."""
+    runshare.begin(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the daemons that workers left for the whole run (dockerd), after the last worker is done."""
+    runshare.end(config)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that share the session's vLLM run on one worker; every other module runs whole on one."""
+    runshare.assign_groups(items)
 
 
 def orphaned_gateways(everyone: bool = False) -> list[int]:

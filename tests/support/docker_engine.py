@@ -1,7 +1,8 @@
 """The Docker engine for tests (a pytest plugin): a client, the empty host-runtime image, vLLM containers.
 
 When no engine answers, the session starts `dockerd` itself (no bridge, no iptables: every test
-container uses the host network) and stops it at the end. Every container a test creates carries
+container uses the host network) and stops it at the end; on xdist workers the first worker to need it starts
+it, the others use it, and the run's starter stops it once all are done (tests/support/runshare.py). Every container a test creates carries
 this session's label, and the session removes them all at its end, whatever happened.
 """
 
@@ -24,6 +25,7 @@ import httpx
 import pytest
 from docker.errors import APIError, DockerException, NotFound
 
+from tests.support import runshare
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX
 
@@ -66,6 +68,10 @@ class Engine:
         self.client = self._connect()
 
     def _connect(self) -> Any:
+        with runshare.exclusive("dockerd"):  # one worker starts it; the others find it answering
+            return self._connect_or_start()
+
+    def _connect_or_start(self) -> Any:
         client = _answering_client()
         if client is not None:
             return client
@@ -78,6 +84,8 @@ class Engine:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if runshare.under_xdist():  # other workers will use it too: the run's starter stops it at the end
+            runshare.record("dockerd", self.proc.pid)
         deadline = time.monotonic() + ENGINE_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -95,8 +103,8 @@ class Engine:
             remove_container(self.client, found.id)
 
     def stop(self) -> None:
-        """Stop dockerd if this session started it."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop dockerd if this session started it (on an xdist worker, the run's starter stops it)."""
+        if self.proc is None or self.proc.poll() is not None or runshare.under_xdist():
             return
         self.proc.send_signal(signal.SIGTERM)
         try:

@@ -1,0 +1,114 @@
+"""What the processes of one test run share when pytest-xdist runs it on several workers.
+
+`scripts/test.sh` runs the suite on a few xdist workers: most of it waits on servers, not on the CPU. A few
+things must still exist once per run, whatever worker needs them first: the Docker engine (one dockerd per
+host), and the session's real vLLM (see `GROUPS`). The process that starts the run (the xdist controller, or
+plain pytest) makes a directory and names it in the environment, which its workers inherit; a worker that
+starts a daemon there records its PID, and the starting process stops every recorded daemon when the run ends,
+after the last worker has finished with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ENV = "VLLM_WATCHDOG_TEST_RUN_DIR"
+STOP_TIMEOUT = 60.0
+
+# Tests that use the session's shared vLLM run one after another on one worker: several read vLLM's own
+# counters, or count what is queued in it, and requests from another worker would change both. A test is
+# in the group when it asks for the `vllm_server` fixture (directly or through another fixture).
+SHARED_VLLM_GROUP = "shared-vllm"
+
+
+def under_xdist() -> bool:
+    """True in an xdist worker (its controller and plain pytest are not)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def begin(config: pytest.Config) -> None:
+    """In the process that starts the run: make the shared directory (workers inherit its name)."""
+    if under_xdist() or os.environ.get(ENV):
+        return
+    os.environ[ENV] = tempfile.mkdtemp(prefix="vllm-watchdog-run-")
+    config.stash[_OWNER] = os.environ[ENV]
+
+
+def end(config: pytest.Config) -> None:
+    """In the process that started the run: stop every daemon a worker recorded, remove the directory."""
+    root = config.stash.get(_OWNER, None)
+    if root is None:
+        return
+    for pidfile in sorted(Path(root).glob("*.pid")):
+        with contextlib.suppress(ValueError, OSError):
+            stop_group(int(pidfile.read_text()))
+    shutil.rmtree(root, ignore_errors=True)
+    os.environ.pop(ENV, None)
+
+
+_OWNER = pytest.StashKey[str]()
+
+
+def run_dir() -> Path:
+    """The run's shared directory (made on first use when the run did not go through `begin`)."""
+    root = os.environ.get(ENV)
+    if not root:
+        os.environ[ENV] = root = tempfile.mkdtemp(prefix="vllm-watchdog-run-")
+    return Path(root)
+
+
+@contextlib.contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Hold the run-wide lock `name` (one worker at a time starts a shared daemon)."""
+    with (run_dir() / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def record(name: str, pid: int) -> None:
+    """Leave the daemon `pid` (a process-group leader) for the run's starter to stop at the end."""
+    (run_dir() / f"{name}.pid").write_text(str(pid))
+
+
+def stop_group(pid: int) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after STOP_TIMEOUT."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def assign_groups(items: list[pytest.Item]) -> None:
+    """Mark each test with the xdist group it must share a worker with.
+
+    Shared-vLLM tests form one group. Every other test is grouped with its module, so that a module's
+    fixtures (a Prometheus, a Docker image, a vLLM of its own) are built once, on one worker.
+    """
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = SHARED_VLLM_GROUP if "vllm_server" in names else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
