@@ -71,11 +71,21 @@ actions:
                 results.append((0, repr(exc)))
             time.sleep(0.2)
 
+    def wait_for(pred: Callable[[], bool], limit: float, what: str) -> None:
+        """Until pred holds; a failure names every answer so far (a quick run of errors would use up the
+        request budget, and "no traffic" would hide why) and the end of the watchdog's log."""
+        deadline = time.monotonic() + limit
+        while not pred():
+            assert time.monotonic() < deadline, (
+                f"{what} not within {limit}s; answers: {results}; watchdog log: {log.read_text()[-3000:]}"
+            )
+            time.sleep(0.3)
+
     workers = [threading.Thread(target=client) for _ in range(2)]
     for w in workers:
         w.start()
     try:
-        poll(base + "/api/v1/gateway", lambda j: len(results) >= 2, 120, "traffic through the gateway", log)
+        wait_for(lambda: len(results) >= 2, 120, "traffic through the gateway")
         hung = inbound_alert("VLLMEngineHung", "vllm-p")
         resp = httpx.post(
             base + "/api/v1/alertmanager", json=hung, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
@@ -92,13 +102,7 @@ actions:
         assert status["history"][0]["outcome"] == "succeeded", status["history"][0]
         poll(base + "/api/v1/gateway", lambda j: not j["data"]["draining"], 30, "the gateway undrained", log)
         after = len(results)
-        poll(
-            base + "/api/v1/gateway",
-            lambda j: len(results) >= after + 2,
-            120,
-            "traffic after the restart",
-            log,
-        )
+        wait_for(lambda: len(results) >= after + 2, 120, "traffic after the restart")
     finally:
         stop.set()
         for w in workers:
