@@ -165,7 +165,7 @@ notifiers:
         time.sleep(max(0.0, paused_at + PAUSE - time.monotonic()))
         # the pause holds them (vLLM's behaviour, checked so that the rest means something)
         finished = [
-            (i, r.status_code, r.text[:300]) if isinstance(r, httpx.Response) else (i, repr(r))
+            (i, r.status_code, r.text[-300:]) if isinstance(r, httpx.Response) else (i, repr(r))
             for i, r in enumerate(held)
         ]
         assert all(t.is_alive() for t in threads), (mode, finished, time.monotonic() - paused_at)
