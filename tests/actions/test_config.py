@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.actions.config import DRAFT_FLAGS, Budget, parse_matcher
+from vllm_watchdog.actions.config import DRAFT_FLAGS, Budget
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 
@@ -124,15 +124,3 @@ def test_bad_remediation_config_names_file_line_and_field(text: str, expected: s
     with pytest.raises(ConfigError) as info:
         parse_config(text + "\n", "c.yml", env={})
     assert any(expected in str(p) for p in info.value.problems), [str(p) for p in info.value.problems]
-
-
-def test_matchers_follow_alertmanager_semantics() -> None:
-    eq, ne = parse_matcher("severity=critical"), parse_matcher('severity!="critical"')
-    rx, nrx = parse_matcher('alertname=~"VLLM(Queue|KV).*"'), parse_matcher("instance!~vllm-[0-9]+")
-    assert eq.matches({"severity": "critical"}) and not eq.matches({})
-    assert ne.matches({}) and not ne.matches({"severity": "critical"})
-    assert rx.matches({"alertname": "VLLMQueueBacklog"}) and not rx.matches(
-        {"alertname": "xVLLMQueue"}
-    )  # anchored
-    assert nrx.matches({"instance": "other"}) and not nrx.matches({"instance": "vllm-12"})
-    assert parse_matcher('summary="a \\"quoted\\" word"').value == 'a "quoted" word'

@@ -21,7 +21,7 @@ import pytest
 from tests.support.faultserver import FaultServer
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.config import ActionConfig, Budget, NotifierConfig
+from vllm_watchdog.actions.config import ActionConfig, Budget
 from vllm_watchdog.actions.rails import Rails
 from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
@@ -30,6 +30,7 @@ from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.throttle import ThrottleSpec
+from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.hub import NotificationHub
 from vllm_watchdog.promql.values import Sample, Vector
 from vllm_watchdog.ruler.alerting import AlertingRule, AlertState, OutgoingAlert

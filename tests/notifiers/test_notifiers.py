@@ -24,9 +24,10 @@ import pytest
 from tests.support.alertmanager_server import AlertmanagerServer, running_alertmanager
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.config import NotifierConfig, parse_matcher
+from vllm_watchdog.matchers import parse_matcher
 from vllm_watchdog.notifiers.alertmanager import alerts_body, am_time, api_url
 from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
+from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.hub import ActionEvent, NotificationHub
 from vllm_watchdog.notifiers.webhook import alerts_payload, event_payload, fingerprint, webhook_alert
 from vllm_watchdog.ruler.alerting import OutgoingAlert

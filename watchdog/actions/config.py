@@ -1,15 +1,15 @@
-"""The remediation part of the config: routes, actions and notifiers, parsed into frozen dataclasses."""
+"""The actions part of the config: `routes:` and `actions:`, parsed into frozen dataclasses."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config.durations import parse_duration
 from ..config.yamlnodes import Node
 from ..gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
-from ..goregex import RegexError, compile_anchored
+from ..matchers import Matcher, parse_matchers
 
 ACTION_TYPES = (
     "restart",
@@ -25,70 +25,9 @@ ACTION_TYPES = (
 GATEWAY_ACTIONS = frozenset({"throttle", "throttle_session", "drain", "undrain"})  # they steer the gateway
 DEFAULT_THROTTLE = ThrottleSpec(factor=0.5)  # a throttle action that says nothing else halves the cap
 DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure"})  # they stop the server
-NOTIFIER_TYPES = ("alertmanager", "webhook")
 DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
-_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$')
-_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
 _ACTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One label matcher: `=`, `!=`, `=~` or `!~` (regexes are Go RE2, anchored, as in Alertmanager)."""
-
-    name: str
-    op: str
-    value: str
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Whether the labels satisfy this matcher (a missing label is the empty string)."""
-        got = labels.get(self.name, "")
-        if self.op == "=":
-            return got == self.value
-        if self.op == "!=":
-            return got != self.value
-        hit = compile_anchored(self.value).match_string(got)
-        return hit if self.op == "=~" else not hit
-
-    def __str__(self) -> str:
-        return f"{self.name}{self.op}{self.value!r}"
-
-
-def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> bool:
-    """Whether every matcher holds (no matchers: everything matches)."""
-    return all(m.matches(labels) for m in matchers)
-
-
-def parse_matcher(text: str) -> Matcher:
-    """Parse `name=value`, `name!="v"`, `name=~"re"` or `name!~re`; ValueError if malformed."""
-    m = _MATCHER.match(text)
-    if m is None:
-        raise ValueError(
-            f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"'
-        )
-    name, op = m.group(1), m.group(2)
-    value = m.group(3) if m.group(3) is not None else m.group(4)
-    if m.group(3) is not None:
-        value = re.sub(r"\\(.)", r"\1", value)
-    return make_matcher(name, op, value)
-
-
-def make_matcher(name: str, op: str, value: str) -> Matcher:
-    """A matcher from its parts (a regex is compiled now); ValueError naming what is wrong."""
-    if not _LABEL.fullmatch(name) or op not in ("=", "!=", "=~", "!~"):
-        raise ValueError(f"bad matcher {name}{op}{value!r}: want a label name and one of = != =~ !~")
-    if op in ("=~", "!~"):
-        check_matcher_regex(value)
-    return Matcher(name, op, value)
-
-
-def check_matcher_regex(pattern: str) -> None:
-    """Refuse what Alertmanager's regexp.Compile("^(?:" + pattern + ")$") refuses; ValueError naming it."""
-    try:
-        compile_anchored(pattern)
-    except RegexError as exc:
-        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -149,22 +88,6 @@ class RouteConfig:
     line: int = 0
 
 
-@dataclass(frozen=True)
-class NotifierConfig:
-    """Where alerts (and, for webhooks, action events) are delivered."""
-
-    name: str
-    type: str
-    url: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-    matchers: tuple[Matcher, ...] = ()
-    timeout: float = 10.0
-    send_resolved: bool = True
-    max_queue: int = 10_000
-    backoff_initial: float = 1.0
-    backoff_max: float = 300.0
-
-
 _DEFAULTS: dict[str, dict[str, object]] = {
     "restart": {"cooldown": 900.0, "max_per_window": Budget(3, 6 * 3600.0)},
     "disable_draft": {"cooldown": 3600.0, "remove_args": DRAFT_FLAGS},
@@ -188,30 +111,6 @@ _DURATIONS = (
     "backoff_max",
     "crash_loop_window",
 )
-
-
-def parse_matchers(m: Mapping[str, Node]) -> tuple[Matcher, ...]:
-    """`match` (equality), `match_re` (regex) and `matchers` (strings), as Alertmanager routes have them."""
-    out: list[Matcher] = []
-    for key, op in (("match", "="), ("match_re", "=~")):
-        if key in m:
-            for name, value in (m[key].string_map() or {}).items():
-                try:
-                    out.append(parse_matcher(f"{name}{op}{_quote(value)}"))
-                except ValueError as exc:
-                    m[key].error(str(exc), field=f"{m[key].path}.{name}")
-    if "matchers" in m:
-        for item in m["matchers"].items():
-            text = item.string()
-            if text is not None:
-                matcher = item.parsed(parse_matcher)
-                if matcher is not None:
-                    out.append(matcher)
-    return tuple(out)
-
-
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _flag(node: Node, text: str) -> str | None:
@@ -390,38 +289,4 @@ def parse_route(node: Node, actions: Mapping[str, ActionConfig], declared: set[s
         actions=tuple(n for n in names if n in actions),
         continue_=bool(cont),
         line=node.line,
-    )
-
-
-def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> NotifierConfig | None:
-    """One entry of `notifiers:`."""
-    keys = {"type", "name", "url", "headers", "match", "match_re", "matchers", "timeout", "send_resolved"}
-    m = node.mapping(keys | {"max_queue", "backoff_initial", "backoff_max"})
-    if m is None:
-        return None
-    kind = m["type"].string() if "type" in m else None
-    for required in ("type", "url"):
-        if required not in m:
-            node.error("is required", field=f"{node.path}.{required}")
-    if kind is not None and kind not in NOTIFIER_TYPES:
-        m["type"].error(f"unknown notifier type {kind!r} (known: {', '.join(NOTIFIER_TYPES)})")
-        kind = None
-    url = m["url"].parsed(http_url) if "url" in m else None
-    d = NotifierConfig(name="-", type="-", url="-")
-    durations = {}
-    for key in ("timeout", "backoff_initial", "backoff_max"):
-        durations[key] = (m[key].parsed(parse_duration) if key in m else None) or getattr(d, key)
-    resolved = m["send_resolved"].boolean() if "send_resolved" in m else None
-    queue = m["max_queue"].integer(minimum=1) if "max_queue" in m else None
-    if kind is None or not isinstance(url, str):
-        return None
-    return NotifierConfig(
-        name=(m["name"].string() if "name" in m else None) or f"{kind}-{index}",
-        type=kind,
-        url=url,
-        headers=(m["headers"].string_map() or {}) if "headers" in m else {},
-        matchers=parse_matchers(m),
-        send_resolved=d.send_resolved if resolved is None else resolved,
-        max_queue=queue or d.max_queue,
-        **durations,
     )

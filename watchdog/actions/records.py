@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .config import Matcher, check_matcher_regex, matches_all
+from ..matchers import Matcher, check_matcher_regex, matches_all
 
 MATCH_OPS = ("=", "!=", "=~", "!~")
 

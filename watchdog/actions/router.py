@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from ..config.model import TargetConfig
-from .config import RouteConfig, matches_all
+from ..matchers import matches_all
+from .config import RouteConfig
 
 TARGET_LABELS = ("target", "instance")  # where an alert names its server, in this order
 # Labels that name what an alert is about in other ways (cAdvisor and docker_sd write `container`/`name`,

@@ -20,10 +20,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..actions.config import make_matcher, parse_matcher
 from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
 from ..gateway.handle import GatewayControl
+from ..matchers import make_matcher, parse_matcher
 from ..redact import Redactor
 from ..ruler.alerting import OutgoingAlert
 from .jsonbodies import JSONAnswer, parse

@@ -14,14 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..actions.config import (
-    ActionConfig,
-    NotifierConfig,
-    RouteConfig,
-    parse_action,
-    parse_notifier,
-    parse_route,
-)
+from ..actions.config import ActionConfig, RouteConfig, parse_action, parse_route
+from ..notifiers.config import NotifierConfig, parse_notifier
 from .files import UnreadableFileError, read_text, resolve_bundled
 from .yamlnodes import Node, Problems, compose
 

@@ -12,9 +12,10 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..actions.config import ActionConfig, NotifierConfig, RouteConfig
+from ..actions.config import ActionConfig, RouteConfig
 from ..errors import ConfigError, Problem
 from ..gateway.config import GatewayConfig, parse_gateway
+from ..notifiers.config import NotifierConfig
 from ..redact import Redactor
 from .durations import parse_duration, parse_size
 from .files import UnreadableFileError, read_text, resolve_bundled

@@ -18,10 +18,11 @@ from typing import Any
 
 import httpx
 
-from ..actions.config import NotifierConfig, matches_all
+from ..matchers import matches_all
 from ..ruler.alerting import OutgoingAlert
 from ..statehealth import StateHealth
 from .alertmanager import alert_identity, alerts_body, api_url
+from .config import NotifierConfig
 from .delivery import MAX_BATCH, backoff, decode_alert, decode_event, encode_alert, post
 from .queue import DeliveryQueue, Item, NewItem
 from .webhook import alerts_payload, event_payload

@@ -1,0 +1,99 @@
+"""Label matchers, as Alertmanager routes write them: `=`, `!=`, `=~`, `!~` (regexes Go RE2, anchored).
+
+Routes, notifiers and silences select alerts with them; the config reads them from `match` (equality),
+`match_re` (regex) and `matchers` (strings).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .config.yamlnodes import Node
+from .goregex import RegexError, compile_anchored
+
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$')
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher: `=`, `!=`, `=~` or `!~` (regexes are Go RE2, anchored, as in Alertmanager)."""
+
+    name: str
+    op: str
+    value: str
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether the labels satisfy this matcher (a missing label is the empty string)."""
+        got = labels.get(self.name, "")
+        if self.op == "=":
+            return got == self.value
+        if self.op == "!=":
+            return got != self.value
+        hit = compile_anchored(self.value).match_string(got)
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value!r}"
+
+
+def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> bool:
+    """Whether every matcher holds (no matchers: everything matches)."""
+    return all(m.matches(labels) for m in matchers)
+
+
+def parse_matcher(text: str) -> Matcher:
+    """Parse `name=value`, `name!="v"`, `name=~"re"` or `name!~re`; ValueError if malformed."""
+    m = _MATCHER.match(text)
+    if m is None:
+        raise ValueError(
+            f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"'
+        )
+    name, op = m.group(1), m.group(2)
+    value = m.group(3) if m.group(3) is not None else m.group(4)
+    if m.group(3) is not None:
+        value = re.sub(r"\\(.)", r"\1", value)
+    return make_matcher(name, op, value)
+
+
+def make_matcher(name: str, op: str, value: str) -> Matcher:
+    """A matcher from its parts (a regex is compiled now); ValueError naming what is wrong."""
+    if not _LABEL.fullmatch(name) or op not in ("=", "!=", "=~", "!~"):
+        raise ValueError(f"bad matcher {name}{op}{value!r}: want a label name and one of = != =~ !~")
+    if op in ("=~", "!~"):
+        check_matcher_regex(value)
+    return Matcher(name, op, value)
+
+
+def check_matcher_regex(pattern: str) -> None:
+    """Refuse what Alertmanager's regexp.Compile("^(?:" + pattern + ")$") refuses; ValueError naming it."""
+    try:
+        compile_anchored(pattern)
+    except RegexError as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
+def parse_matchers(m: Mapping[str, Node]) -> tuple[Matcher, ...]:
+    """`match` (equality), `match_re` (regex) and `matchers` (strings), as Alertmanager routes have them."""
+    out: list[Matcher] = []
+    for key, op in (("match", "="), ("match_re", "=~")):
+        if key in m:
+            for name, value in (m[key].string_map() or {}).items():
+                try:
+                    out.append(parse_matcher(f"{name}{op}{_quote(value)}"))
+                except ValueError as exc:
+                    m[key].error(str(exc), field=f"{m[key].path}.{name}")
+    if "matchers" in m:
+        for item in m["matchers"].items():
+            text = item.string()
+            if text is not None:
+                matcher = item.parsed(parse_matcher)
+                if matcher is not None:
+                    out.append(matcher)
+    return tuple(out)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
