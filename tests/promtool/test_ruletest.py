@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import io
-import math
 from pathlib import Path
 
 import pytest
 
 from vllm_watchdog.errors import ConfigError
-from vllm_watchdog.goformat import go_float, go_labels, go_quote, model_duration, time_duration
 from vllm_watchdog.promtool.runner import run_rule_tests
 from vllm_watchdog.promtool.testfile import parse_test_file
 
@@ -202,28 +200,3 @@ tests:
         parse_test_file(text, "t.yml")
     lines = [p.line for p in info.value.problems]
     assert lines == [2, 3, 7, 10, 16]
-
-
-def test_go_formats() -> None:
-    assert go_float(1.0) == "1E+00"
-    assert go_float(0.1 + 0.2) == "3.0000000000000004E-01"
-    assert go_float(-1234.5) == "-1.2345E+03"
-    assert go_float(math.inf) == "+Inf" and go_float(math.nan) == "NaN"
-    assert go_float(1e-300) == "1E-300"
-    assert go_labels((("__name__", "x"), ("a", 'q"\n'))) == '{__name__="x", a="q\\"\\n"}'
-    assert go_quote("tab\there\x01é") == '"tab\\there\\x01é"'
-    assert [model_duration(s) for s in (0, 90, 3600, 86400 * 7, 86400 * 90, 0.25)] == [
-        "0s",
-        "1m30s",
-        "1h",
-        "1w",
-        "90d",
-        "250ms",
-    ]
-    assert [time_duration(s) for s in (0, 300, 3600, 90.5, 0.25)] == [
-        "0s",
-        "5m0s",
-        "1h0m0s",
-        "1m30.5s",
-        "250ms",
-    ]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import pytest
 
-from vllm_watchdog.goformat import go_float
 from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector
 from vllm_watchdog.ruler.alerting import (
     RESOLVED_RETENTION_MS,
@@ -15,7 +13,6 @@ from vllm_watchdog.ruler.alerting import (
     AlertingRule,
     AlertState,
     alert_json,
-    rfc3339,
     rule_json,
 )
 from vllm_watchdog.ruler.files import Rule
@@ -309,40 +306,6 @@ def test_api_json_shapes() -> None:
     }
     rule.status.record("boom", 0, 0.0)
     assert rule_json(rule)["lastError"] == "boom" and rule_json(rule)["health"] == "err"
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (1.0, "1e+00"),
-        (0.0, "0e+00"),
-        (-0.0, "-0e+00"),
-        (123.456, "1.23456e+02"),
-        (1e100, "1e+100"),
-        (1.5e-7, "1.5e-07"),
-        (-42.0, "-4.2e+01"),
-        (0.1, "1e-01"),
-        (12345678901234567.0, "1.2345678901234568e+16"),
-        (math.inf, "+Inf"),
-        (-math.inf, "-Inf"),
-        (math.nan, "NaN"),
-    ],
-)
-def test_go_float(value: float, text: str) -> None:
-    assert go_float(value, "e") == text
-
-
-@pytest.mark.parametrize(
-    ("ms", "text"),
-    [
-        (None, "0001-01-01T00:00:00Z"),
-        (0, "1970-01-01T00:00:00Z"),
-        (1_700_000_000_100, "2023-11-14T22:13:20.1Z"),
-        (1_700_000_000_010, "2023-11-14T22:13:20.01Z"),
-    ],
-)
-def test_rfc3339(ms: int | None, text: str) -> None:
-    assert rfc3339(ms) == text
 
 
 def test_rule_labels_templated_to_empty_are_dropped_from_alerts() -> None:

@@ -31,7 +31,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..ruler.alerting import OutgoingAlert, rfc3339
+from ..ruler.alerting import OutgoingAlert
+from ..templates.gofmt import rfc3339
 
 VERSION = "4"
 _OFFSET64 = 14695981039346656037

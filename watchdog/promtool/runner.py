@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ..errors import ConfigError
-from ..goformat import go_float, go_labels, go_quote, indent_lines, model_duration, time_duration
 from ..promql.engine import Engine, vector_query
 from ..promql.values import PromQLError, QueryError, Scalar, Vector
 from ..ruler.alerting import AlertState
 from ..ruler.files import load_rule_files
 from ..ruler.groups import Group
 from ..store import Labels, SampleStore
+from ..templates.gofmt import format_float, go_labels, go_quote, indent_lines, model_duration, time_duration
 from .testfile import AlertTest, ExprTest, TestFile, TestGroup, load_test_file
 
 _INDENT = " " * 12
@@ -48,7 +48,7 @@ def _render_alerts(alerts: list[_AlertView]) -> str:
 def _render_samples(samples: list[tuple[Labels, float]]) -> str:
     if not samples:
         return "nil"
-    return ", ".join(f"{go_labels(labels)} {go_float(value)}" for labels, value in samples)
+    return ", ".join(f"{go_labels(labels)} {format_float(value, 'E')}" for labels, value in samples)
 
 
 def _same_float(a: float, b: float) -> bool:

@@ -14,21 +14,19 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import date, timedelta
 from typing import Any
 from urllib.parse import quote_plus
 
-from ..goformat import go_float
 from ..promql.values import QueryError, QueryFunc
 from ..store import Labels
 from ..templates import Template, TemplateError
+from ..templates.gofmt import format_float, go_number, rfc3339
 from .files import Rule
 
 log = logging.getLogger(__name__)
 
 ALERT_METRIC = "ALERTS"
 FOR_STATE_METRIC = "ALERTS_FOR_STATE"
-_EPOCH = date(1970, 1, 1)
 RESOLVED_RETENTION_MS = 15 * 60 * 1000
 """How long a resolved alert is kept in memory and re-sent to notifiers."""
 
@@ -292,22 +290,6 @@ class AlertingRule:
         return out
 
 
-def go_number(value: float) -> float | int:
-    """A whole float as an int, so JSON shows it as Go's encoder does (60, not 60.0)."""
-    return int(value) if value.is_integer() else value
-
-
-def rfc3339(ms: int | None) -> str:
-    """A time as Go marshals time.Time to JSON (RFC 3339, UTC); None is Go's zero time."""
-    if ms is None:
-        return "0001-01-01T00:00:00Z"
-    seconds, millis = divmod(ms, 1000)
-    days, rest = divmod(seconds, 86400)
-    date = _EPOCH + timedelta(days=days)
-    frac = f".{millis:03d}".rstrip("0") if millis else ""
-    return f"{date.isoformat()}T{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}{frac}Z"
-
-
 def alert_json(alert: Alert) -> dict[str, Any]:
     """One alert in the shape of Prometheus' /api/v1/alerts."""
     out: dict[str, Any] = {
@@ -315,7 +297,7 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "annotations": dict(sorted(alert.annotations.items())),
         "state": str(alert.state),
         "activeAt": rfc3339(alert.active_at),
-        "value": go_float(alert.value, "e"),
+        "value": format_float(alert.value, "e"),
     }
     if alert.keep_firing_since is not None:
         out["keepFiringSince"] = rfc3339(alert.keep_firing_since)

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import WatchdogError
 from ..promql.values import QueryError, QueryFunc, to_ms
 from ..store import Exposure, Labels, SampleStore
+from ..templates.gofmt import go_number, rfc3339
 from .alerting import (
     RESOLVED_RETENTION_MS,
     Alert,
@@ -26,8 +27,6 @@ from .alerting import (
     OutgoingAlert,
     RuleStatus,
     alert_json,
-    go_number,
-    rfc3339,
     rule_identity,
     rule_json,
     status_json,

@@ -1,11 +1,15 @@
-"""Go values as templates see them, and Go's fmt printing of them (Sprint, Sprintf, %v of float64)."""
+"""Go's text renderings: values as templates see them, fmt printing (Sprint, Sprintf, %v of float64),
+strconv quoting and floats, and the label sets, durations and times that promtool and the API print."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+
+from ..store import Labels
 
 _TOO_LARGE = 1_000_000  # fmt rejects widths and precisions beyond this (%!(BADWIDTH))
 
@@ -135,6 +139,11 @@ def format_float(v: float, verb: str = "v", prec: int = -1, sharp: bool = False)
     return sign + format(a, ("#" if sharp else "") + f".{prec}{spec}")
 
 
+def go_number(value: float) -> float | int:
+    """A whole float as an int, so JSON shows it as Go's encoder does (60, not 60.0)."""
+    return int(value) if value.is_integer() else value
+
+
 # ---- printing values ----------------------------------------------------------------------------------
 
 
@@ -183,6 +192,16 @@ def go_quote(s: str, ascii_only: bool = False) -> str:
             out.append(f"\\U{ord(ch):08x}")
     out.append('"')
     return "".join(out)
+
+
+def go_labels(labels: Labels) -> str:
+    """labels.Labels.String(): `{a="1", b="2"}` with the name shown as `__name__`."""
+    return "{" + ", ".join(f"{k}={go_quote(v)}" for k, v in labels) + "}"
+
+
+def indent_lines(text: str, indent: str) -> str:
+    """Prefix every line but the first with `indent`, as promtool's indentLines does."""
+    return ("\n" + indent).join(text.split("\n"))
 
 
 @dataclass
@@ -386,6 +405,72 @@ def sprintf(fmt: str, args: list[object]) -> str:
         extra = ", ".join("<nil>" if a is None else f"{go_type(a)}={fmt_value(a)}" for a in args[argi:])
         out.append(f"%!(EXTRA {extra})")
     return "".join(out)
+
+
+# ---- durations and times ------------------------------------------------------------------------------
+
+_MODEL_UNITS = (
+    ("y", 365 * 86400_000, True),
+    ("w", 7 * 86400_000, True),
+    ("d", 86400_000, False),
+    ("h", 3600_000, False),
+    ("m", 60_000, False),
+    ("s", 1000, False),
+    ("ms", 1, False),
+)
+_EPOCH = date(1970, 1, 1)
+
+
+def model_duration(seconds: float) -> str:
+    """Prometheus model.Duration.String(): `1h30m`, `90d`, `1w`, `0s` (years and weeks only if exact)."""
+    ms = round(seconds * 1000)
+    if ms == 0:
+        return "0s"
+    out = []
+    for unit, size, exact in _MODEL_UNITS:
+        if exact and ms % size:
+            continue
+        if ms >= size:
+            out.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(out)
+
+
+def _trim(value: Decimal) -> str:
+    text = format(value, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def time_duration(seconds: float) -> str:
+    """Go time.Duration.String(): `5m0s`, `1h0m0s`, `1.5s`, `500ms`, `0s`."""
+    ns = round(seconds * 1_000_000_000)
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                return f"{sign}{_trim(Decimal(ns) / size)}{unit}"
+    hours, rest = divmod(ns, 3600 * 1_000_000_000)
+    minutes, rest = divmod(rest, 60 * 1_000_000_000)
+    secs = _trim(Decimal(rest) / 1_000_000_000)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{sign}{minutes}m{secs}s"
+    return f"{sign}{secs}s"
+
+
+def rfc3339(ms: int | None) -> str:
+    """A time as Go marshals time.Time to JSON (RFC 3339, UTC); None is Go's zero time."""
+    if ms is None:
+        return "0001-01-01T00:00:00Z"
+    seconds, millis = divmod(ms, 1000)
+    days, rest = divmod(seconds, 86400)
+    day = _EPOCH + timedelta(days=days)
+    frac = f".{millis:03d}".rstrip("0") if millis else ""
+    return f"{day.isoformat()}T{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}{frac}Z"
 
 
 # ---- strconv.ParseFloat ---------------------------------------------------------------------------------
