@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.clock import Clock
 from vllm_watchdog import logs
 from vllm_watchdog.logs import MAX_FIELD_CHARS, Recurring, bound
 
@@ -81,16 +82,6 @@ def test_a_secret_is_masked_before_the_line_is_cut(lines: io.StringIO) -> None:
     assert "<redacted>" in text
 
 
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_recurring_logs_once_per_change_and_a_summary_every_period(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     log = logging.getLogger("vllm_watchdog.test.recurring")
@@ -98,7 +89,7 @@ def test_recurring_logs_once_per_change_and_a_summary_every_period(caplog: pytes
     caplog.set_level(logging.INFO, logger=log.name)
     for _ in range(1200):  # 20 minutes of 1 s scrapes of a target that is down
         warnings.failed(("scrape", "t"), "connection", "scrape failed", {"target": "t"})
-        clock.now += 1.0
+        clock.advance(1.0)
     got = [(r.getMessage(), getattr(r, "repeated", None)) for r in caplog.records]
     assert got == [
         ("scrape failed", None),

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.clock import Clock
 from tests.support.vllm_server import READY_TIMEOUT, ROOT, free_port
 from vllm_watchdog.actions.args import set_args
 from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime, ProcStat, read_stat
@@ -49,16 +50,6 @@ class Health(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", int(opt("--port"))), Health).serve_forever()
 """
-
-
-class Clock:
-    """A settable clock."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

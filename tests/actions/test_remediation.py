@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.clock import Clock
 from tests.support.fake_nvml import FakeNvml
 from vllm_watchdog.actions.audit import Job
 from vllm_watchdog.actions.power import PowerLimiter
@@ -23,7 +24,7 @@ from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
-from vllm_watchdog.ruler.alerting import OutgoingAlert
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 
 pytestmark = pytest.mark.anyio
 SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
@@ -49,16 +50,6 @@ actions:
   draft_on: {type: enable_draft, startup_grace: 0s}
   smaller: {type: reconfigure, set: {--max-num-seqs: "1"}, restore_after: 10m, startup_grace: 0s, cooldown: 0s}
 """
-
-
-class Clock:
-    """Injected wall clock."""
-
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class ScriptedRuntime:
@@ -221,18 +212,18 @@ async def test_concurrent_alerts_merge_and_never_interleave() -> None:
 
 async def test_cooldown_then_budget_then_alert() -> None:
     r, rt, _, hub, clock = make()
-    start = clock.t
+    start = clock.now
     for minute in (0, 5, 16, 32, 48, 64):
-        clock.t = start + 60 * minute
-        r.handle([alert("Hung")], clock.t)
+        clock.now = start + 60 * minute
+        r.handle([alert("Hung")], clock.now)
         await settle(r)
     assert rt.calls.count("stop") == 3  # minutes 0, 16, 32; 5 was cooling down; 48 and 64 are over budget
     rails = [rec.reason for rec in r.store.history() if rec.outcome == "skipped"]
     assert any("cooldown" in x for x in rails) and any("budget" in x for x in rails)
     budget = [a for a in hub.sent if a.labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"]
     assert budget and budget[0].state == "firing" and budget[0].labels["target"] == "vllm-0"
-    clock.t += 7 * 3600  # the window frees the budget: the own alert resolves
-    await r.tick(clock.t)
+    clock.advance(7 * 3600)  # the window frees the budget: the own alert resolves
+    await r.tick(clock.now)
     assert (
         hub.sent[-1].labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"
         and hub.sent[-1].state == "resolved"
@@ -278,40 +269,40 @@ async def test_a_replacement_that_is_not_ready_is_rolled_back_and_alerted() -> N
 
 async def test_reconfigure_restores_after_the_hold() -> None:
     r, rt, _, _, clock = make()
-    r.handle([alert("Hot")], clock.t)
+    r.handle([alert("Hot")], clock.now)
     await settle(r)
     assert (
         "--max-num-seqs" in rt.current.args
         and rt.current.args[rt.current.args.index("--max-num-seqs") + 1] == "1"
     )
-    r.handle([alert("Hot", "resolved")], clock.t)
-    clock.t += 300
-    await r.tick(clock.t)
+    r.handle([alert("Hot", "resolved")], clock.now)
+    clock.advance(300)
+    await r.tick(clock.now)
     await settle(r)
     assert rt.calls == ["replace", "commit"]  # still within the 10 m hold
-    clock.t += 301
-    await r.tick(clock.t)
+    clock.advance(301)
+    await r.tick(clock.now)
     await settle(r)
     assert rt.current.args == ARGS and rt.calls == ["replace", "commit", "replace", "commit"]
 
 
 async def test_a_restore_is_due_from_the_resolution_not_from_each_resend_of_it() -> None:
     r, rt, _, _, clock = make()
-    r.handle([alert("Hot")], clock.t)
+    r.handle([alert("Hot")], clock.now)
     await settle(r)
-    resolved_at = clock.t
+    resolved_at = clock.now
     resolved = replace(alert("Hot", "resolved"), ends_at=resolved_at)
     for _ in range(10):  # Prometheus resends a resolved alert every minute for 15 minutes
-        r.handle([resolved], clock.t)
-        clock.t += 60
-        await r.tick(clock.t)
+        r.handle([resolved], clock.now)
+        clock.advance(60)
+        await r.tick(clock.now)
         await settle(r)
-    assert clock.t >= resolved_at + 600
+    assert clock.now >= resolved_at + 600
     assert rt.current.args == ARGS  # restored 10 m after the resolution, though it was resent since
     for _ in range(5):
-        r.handle([resolved], clock.t)
-        clock.t += 60
-        await r.tick(clock.t)
+        r.handle([resolved], clock.now)
+        clock.advance(60)
+        await r.tick(clock.now)
         await settle(r)
     assert rt.calls == ["replace", "commit", "replace", "commit"]  # and only once
     assert [rec.outcome for rec in r.store.history()] == ["succeeded", "succeeded"]
@@ -400,13 +391,13 @@ actions:
     fake = FakeNvml(gpus=2)
     fake.gpus[0].power_limit_mw = 650_000  # an operator-set limit below the default: restored exactly
     r.power = PowerLimiter(fake)
-    r.handle([alert("Hot")], clock.t)
+    r.handle([alert("Hot")], clock.now)
     await settle(r)
     assert [g.power_limit_mw for g in fake.gpus] == [350_000, 350_000]  # half the 700 W default
     assert rt.calls == []  # not disruptive: the server is not touched
-    r.handle([alert("Hot", "resolved")], clock.t)
-    clock.t += 301
-    await r.tick(clock.t)
+    r.handle([alert("Hot", "resolved")], clock.now)
+    clock.advance(301)
+    await r.tick(clock.now)
     await settle(r)
     assert [g.power_limit_mw for g in fake.gpus] == [650_000, 700_000]
     assert [h.outcome for h in r.store.history()] == ["succeeded", "succeeded"]
@@ -437,10 +428,10 @@ async def test_a_crash_loop_stops_the_action_and_alerts() -> None:
     )
     r, rt, _, hub, clock = make(text)
     for _ in range(4):  # a new need each time, right after each successful restart
-        clock.t += 60
+        clock.advance(60)
         r.handle(
-            [OutgoingAlert({"alertname": "Hung", "instance": "vllm-0"}, {}, "firing", clock.t, 0.0, 1.0)],
-            clock.t,
+            [OutgoingAlert({"alertname": "Hung", "instance": "vllm-0"}, {}, "firing", clock.now, 0.0, 1.0)],
+            clock.now,
         )
         await settle(r)
     assert rt.calls == ["stop", "start", "stop", "start"]  # two restarts, then no more
@@ -482,15 +473,15 @@ async def test_a_paused_engine_is_not_restarted_by_any_alert_and_the_refusal_is_
     pause = Pause()
     r, rt, _, hub, clock = make(engine_state=pause)
     pause.reason = "the engine is paused on purpose (GET /is_paused answered true since 12:00:00Z)"
-    r.handle([alert("Hung"), alert("SpecBad")], clock.t)  # an operator's rule without `unless paused`
+    r.handle([alert("Hung"), alert("SpecBad")], clock.now)  # an operator's rule without `unless paused`
     await settle(r)
     assert rt.calls == []
     rows = {(rec.action, rec.outcome, rec.reason) for rec in r.store.history()}
     assert rows == {("restart", "skipped", pause.reason), ("draft_off", "skipped", pause.reason)}
     assert [e.outcome for e in hub.events] == ["skipped", "skipped"]
     pause.reason = ""  # POST /resume: the same alert, re-sent, restarts a hung engine as before
-    clock.t += 60
-    r.handle([alert("Hung")], clock.t)
+    clock.advance(60)
+    r.handle([alert("Hung")], clock.now)
     await settle(r)
     assert rt.calls == ["stop", "start"]
 
@@ -508,19 +499,19 @@ async def test_a_child_that_exited_is_respawned_even_if_it_last_said_it_was_paus
 async def test_a_restore_refused_while_paused_is_due_again_and_runs_after_the_resume() -> None:
     pause = Pause()
     r, rt, _, _, clock = make(engine_state=pause)
-    r.handle([alert("Hot")], clock.t)
+    r.handle([alert("Hot")], clock.now)
     await settle(r)
-    r.handle([replace(alert("Hot", "resolved"), ends_at=clock.t)], clock.t)
+    r.handle([replace(alert("Hot", "resolved"), ends_at=clock.now)], clock.now)
     pause.reason = "the engine is asleep on purpose (GET /is_sleeping answered true)"
-    clock.t += 601  # the 10 m hold is over, but the engine sleeps
-    await r.tick(clock.t)
+    clock.advance(601)  # the 10 m hold is over, but the engine sleeps
+    await r.tick(clock.now)
     await settle(r)
     assert rt.calls == ["replace", "commit"]
     assert r.store.history()[0].outcome == "skipped"
     pending = r.store.get("restore/smaller/vllm-0")
-    assert isinstance(pending, dict) and pending["due"] == clock.t + RESTORE_RECHECK
+    assert isinstance(pending, dict) and pending["due"] == clock.now + RESTORE_RECHECK
     pause.reason = ""  # POST /wake_up
-    clock.t += RESTORE_RECHECK
-    await r.tick(clock.t)
+    clock.advance(RESTORE_RECHECK)
+    await r.tick(clock.now)
     await settle(r)
     assert rt.calls == ["replace", "commit", "replace", "commit"] and rt.current.args == ARGS

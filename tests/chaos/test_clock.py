@@ -30,10 +30,11 @@ from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.throttle import ThrottleSpec
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.hub import NotificationHub
 from vllm_watchdog.promql.values import Sample, Vector
-from vllm_watchdog.ruler.alerting import AlertingRule, AlertState, OutgoingAlert
+from vllm_watchdog.ruler.alerting import AlertingRule, AlertState
 from vllm_watchdog.ruler.files import Rule
 from vllm_watchdog.service.daemon import Daemon
 from vllm_watchdog.sources.scrape import ScrapeTarget

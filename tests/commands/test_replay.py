@@ -11,7 +11,7 @@ from tests.support.faultserver import FaultServer
 from vllm_watchdog.cli import main
 from vllm_watchdog.commands.replay import Replayer, run_replay
 from vllm_watchdog.config.model import Config, parse_config
-from vllm_watchdog.ruler.alerting import OutgoingAlert
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.ruler.files import RuleGroup, parse_rule_file
 from vllm_watchdog.scrapelog import ScrapeLog, iter_records
 from vllm_watchdog.sources.scrape import ScrapeTarget

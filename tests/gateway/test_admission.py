@@ -13,22 +13,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.clock import Clock
 from vllm_watchdog.gateway.admission import Gate, Rejection, Ticket
 from vllm_watchdog.gateway.config import GatewayConfig, PriorityConfig, SessionConfig
 
 pytestmark = pytest.mark.anyio
 SHORT = 0.02  # a timeout that must fire during the test
 LONG = 60.0  # a timeout that must not
-
-
-class Clock:
-    """Injected monotonic clock."""
-
-    def __init__(self, t: float = 500.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def config(**kw: Any) -> GatewayConfig:
@@ -88,7 +79,7 @@ class Clients:
 
 
 def test_fast_path_does_not_suspend_and_release_is_idempotent() -> None:
-    clock = Clock()
+    clock = Clock(500.0)
     gate = Gate(config(max_in_flight=2), monotonic=clock)
     a = ticket(admit_now(gate, "s1", "batch"))
     assert (a.session, a.priority, a.admitted_at, a.queued_seconds) == ("s1", "batch", 500.0, 0.0)
@@ -194,7 +185,7 @@ def test_session_rate_retry_after_is_time_to_next_token() -> None:
     assert r.retry_after == pytest.approx(0.5)
     ticket(admit_now(gate, "other")).release()
     ticket(admit_now(gate, None)).release()  # anonymous requests have no session bucket
-    clock.t += 0.5
+    clock.advance(0.5)
     ticket(admit_now(gate, "s")).release()
     assert gate.snapshot().rejected_total["session_rate"] == 1
 
@@ -375,22 +366,22 @@ async def test_breaker_open_expiry_and_close() -> None:
     c = Clients(gate)
     await c.start("loop-queued", "loopy")
     await c.start("other-queued", "fine")
-    gate.open_breaker("loopy", clock.t + 120.0, "tool-call loop")
+    gate.open_breaker("loopy", clock.now + 120.0, "tool-call loop")
     await settle()
     assert rejection(c.result("loop-queued")).reason == "session_breaker"  # queued requests are rejected too
     r = rejection(admit_now(gate, "loopy"))
     assert (r.status, r.reason) == (429, "session_breaker")
     assert r.retry_after == pytest.approx(120.0) and "tool-call loop" in r.message and "120 s" in r.message
-    assert gate.breakers() == {"loopy": (clock.t + 120.0, "tool-call loop")}
+    assert gate.breakers() == {"loopy": (clock.now + 120.0, "tool-call loop")}
     assert gate.snapshot().breakers_open == ("loopy",)
     holder.release()
     await settle()
     ticket(c.result("other-queued")).release()
-    clock.t += 120.0
+    clock.advance(120.0)
     assert gate.breakers() == {}
     ticket(admit_now(gate, "loopy")).release()
-    gate.open_breaker("loopy", clock.t + 5, "again")
-    gate.open_breaker("past", clock.t - 1, "already over")
+    gate.open_breaker("loopy", clock.now + 5, "again")
+    gate.open_breaker("past", clock.now - 1, "already over")
     assert set(gate.breakers()) == {"loopy"}
     gate.close_breaker("loopy")
     gate.close_breaker("never-opened")
@@ -401,7 +392,7 @@ async def test_breaker_open_expiry_and_close() -> None:
 def test_breaker_is_checked_before_rate() -> None:
     clock = Clock()
     gate = Gate(config(sessions=SessionConfig(rate=1.0, burst=1)), monotonic=clock)
-    gate.open_breaker("s", clock.t + 10, "loop")
+    gate.open_breaker("s", clock.now + 10, "loop")
     assert rejection(admit_now(gate, "s")).reason == "session_breaker"
     gate.close_breaker("s")
     ticket(admit_now(gate, "s")).release()  # the breaker did not spend the token
@@ -414,14 +405,14 @@ async def test_snapshot_and_recent_queue_time() -> None:
     first = ticket(await gate.admit("s", "interactive"))
     c = Clients(gate)
     await c.start("w", "s", "batch")
-    clock.t += 4.0
+    clock.advance(4.0)
     snap = gate.snapshot()
     assert snap.oldest_in_flight_age == 4.0 and snap.queued == {"interactive": 0, "batch": 1}
     assert snap.session_in_flight == {"s": 1} and snap.limit == 1 and snap.ceiling == 1
     first.release()
     await settle()
     waited = ticket(c.result("w"))
-    assert waited.queued_seconds == 4.0 and waited.admitted_at == clock.t
+    assert waited.queued_seconds == 4.0 and waited.admitted_at == clock.now
     assert gate.recent_queue_time() == pytest.approx(2.0)  # median of 0 and 4
     snap = gate.snapshot()
     assert snap.queue_time.count == 2 and snap.queue_time.sum == 4.0
@@ -429,7 +420,7 @@ async def test_snapshot_and_recent_queue_time() -> None:
     assert snap.rejected_total["queue_full"] == 0  # every reason is present from the start
     waited.release()
     assert gate.snapshot().oldest_in_flight_age == 0.0
-    clock.t += 61.0
+    clock.advance(61.0)
     assert gate.recent_queue_time() is None
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from tests.support.clock import Clock
 from tests.support.gateway_upstream import Seen, Upstream, response_head
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
@@ -38,16 +39,6 @@ BUSY = json.dumps(
 ).encode()
 
 
-class Clock:
-    """Injected monotonic clock."""
-
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def setup(config: UpstreamBackoffConfig | None = None) -> tuple[Gate, Throttle, UpstreamBackoff, Clock]:
     clock = Clock()
     gate = Gate(GatewayConfig(target="t", upstream="http://127.0.0.1:1", max_in_flight=64), monotonic=clock)
@@ -58,16 +49,16 @@ def setup(config: UpstreamBackoffConfig | None = None) -> tuple[Gate, Throttle, 
 
 def test_a_503_halves_the_cap_once_per_cap() -> None:
     gate, throttle, backoff, clock = setup()
-    sent_before = clock.t - 1.0
+    sent_before = clock.now - 1.0
     backoff.observe(503, sent_before)
     assert gate.limit == 32 and backoff.decreases == 1
     # The rest of the burst was sent under the old cap: it says nothing about the new one.
-    clock.t += 0.01
+    clock.advance(0.01)
     for _ in range(20):
         backoff.observe(503, sent_before)
     assert gate.limit == 32 and backoff.decreases == 1
     # A request admitted under the new cap and refused too: the cap is still too high.
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
     assert gate.limit == 16 and backoff.decreases == 2
     assert HOLD_KEY in throttle.state()["holds"]  # type: ignore[operator]
 
@@ -75,55 +66,55 @@ def test_a_503_halves_the_cap_once_per_cap() -> None:
 def test_only_503_counts_and_it_can_be_switched_off() -> None:
     gate, _, backoff, clock = setup()
     for status in (200, 429, 500, 502, 504):
-        backoff.observe(status, clock.t)
+        backoff.observe(status, clock.now)
     assert gate.limit == 64 and backoff.decreases == 0
     gate, _, backoff, clock = setup(UpstreamBackoffConfig(enabled=False))
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
     assert gate.limit == 64 and backoff.decreases == 0
 
 
 def test_the_floor_holds() -> None:
     gate, _, backoff, clock = setup(UpstreamBackoffConfig(floor=5))
     for _ in range(10):
-        clock.t += 1.0
-        backoff.observe(503, clock.t)
+        clock.advance(1.0)
+        backoff.observe(503, clock.now)
     assert gate.limit == 5
 
 
 def test_quiet_releases_then_the_cap_climbs_additively_to_the_ceiling() -> None:
     gate, throttle, backoff, clock = setup(UpstreamBackoffConfig(quiet=10.0, step=2, step_interval=5.0))
-    backoff.observe(503, clock.t)
-    clock.t += 1.0
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
+    clock.advance(1.0)
+    backoff.observe(503, clock.now)
     assert gate.limit == 16
-    clock.t += 9.0  # 9 s since the last 503
+    clock.advance(9.0)  # 9 s since the last 503
     backoff.tick()
     assert gate.limit == 16 and HOLD_KEY in throttle.state()["holds"]  # type: ignore[operator]
-    clock.t += 1.0
+    clock.advance(1.0)
     backoff.tick()
     assert throttle.state()["holds"] == {} and gate.limit == 16  # released: recovery starts from here
     limits = []
     for _ in range(6):
-        clock.t += 5.0
+        clock.advance(5.0)
         backoff.tick()
         limits.append(gate.limit)
     assert limits == [18, 20, 22, 24, 26, 28]
     for _ in range(30):
-        clock.t += 5.0
+        clock.advance(5.0)
         backoff.tick()
     assert gate.limit == 64 and throttle.state()["recovering"] is None
 
 
 def test_a_503_during_the_climb_halves_again() -> None:
     gate, _, backoff, clock = setup(UpstreamBackoffConfig(quiet=2.0, step_interval=1.0))
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
     assert gate.limit == 32
     for _ in range(6):
-        clock.t += 1.0
+        clock.advance(1.0)
         backoff.tick()
     climbed = gate.limit
     assert climbed == 36  # released at +2 s, then one slot a second
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
     assert gate.limit == 18
 
 
@@ -131,18 +122,18 @@ def test_an_alert_hold_outlives_the_reflex() -> None:
     """The daemon's hold (VLLMQueueSaturated) keeps the cap down after the reflex lets go."""
     gate, throttle, backoff, clock = setup(UpstreamBackoffConfig(quiet=1.0, step_interval=1.0))
     throttle.hold("alert-fp", ThrottleSpec(factor=0.5, floor=2))
-    backoff.observe(503, clock.t)
+    backoff.observe(503, clock.now)
     assert gate.limit == 16
     for _ in range(5):
-        clock.t += 1.0
+        clock.advance(1.0)
         backoff.tick()
     assert list(throttle.state()["holds"]) == ["alert-fp"]  # type: ignore[call-overload]
     assert gate.limit == 16
     throttle.release("alert-fp")  # the last hold to go sets the pace: the alert's +1 per 10 s
-    clock.t += 9.0
+    clock.advance(9.0)
     backoff.tick()
     assert gate.limit == 16
-    clock.t += 1.0
+    clock.advance(1.0)
     backoff.tick()
     assert gate.limit == 17
 

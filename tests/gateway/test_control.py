@@ -25,7 +25,7 @@ from vllm_watchdog.gateway.handle import GatewayControl, window_quantile
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import HistogramSnapshot
-from vllm_watchdog.ruler.alerting import OutgoingAlert
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.store import SampleStore, is_stale, labels_dict
 
 pytestmark = pytest.mark.anyio

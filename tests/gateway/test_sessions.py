@@ -6,19 +6,9 @@ import hashlib
 
 import pytest
 
+from tests.support.clock import Clock
 from vllm_watchdog.gateway.config import PriorityConfig, SessionConfig
 from vllm_watchdog.gateway.sessions import SessionLimits, TokenBucket, api_key_of, priority_of, session_key
-
-
-class Clock:
-    """Injected monotonic clock."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
 
 SECRET = "sk-live-abcdef0123456789"
 
@@ -82,12 +72,12 @@ def test_token_bucket_starts_full_and_refills() -> None:
     bucket = TokenBucket(2.0, 3, clock)
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
     assert bucket.wait_time() == pytest.approx(0.5)
-    clock.t += 0.25
+    clock.advance(0.25)
     assert not bucket.take()
     assert bucket.wait_time() == pytest.approx(0.25)
-    clock.t += 0.25
+    clock.advance(0.25)
     assert bucket.take()
-    clock.t += 100.0  # capped at burst
+    clock.advance(100.0)  # capped at burst
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
     assert bucket.wait_time() > 0
 
@@ -111,7 +101,7 @@ def test_limits_rate_and_retry_time() -> None:
     wait = limits.take("a")
     assert wait == pytest.approx(1.0)
     assert limits.take("b") == 0.0  # independent
-    clock.t += 1.0
+    clock.advance(1.0)
     assert limits.take("a") == 0.0
 
 

@@ -13,21 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import Clock
 from vllm_watchdog.gateway.bodies import OPENAI_PATHS, RequestTrace, parse_json_body, tool_call_signatures
 from vllm_watchdog.gateway.signals import SessionSignals
 from vllm_watchdog.gateway.snapshot import SessionStats
 
 CHAT = "/v1/chat/completions"
-
-
-class Clock:
-    """Injected monotonic clock."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def usage(prompt: object = 5, completion: object = 7, cached: object = 0) -> dict[str, object]:
@@ -544,7 +535,7 @@ def test_lru_bound_prefers_idle_sessions() -> None:
     s = SessionSignals(top_k=10, max_sessions=3, monotonic=clock)
     busy = s.start("busy", CHAT, None, False)
     for name in ("b", "c", "d", "e"):
-        clock.t += 1
+        clock.advance(1)
         s.start(name, CHAT, None, False).finish(200)
     rows, tracked = s.stats()
     assert tracked == 3
@@ -600,7 +591,7 @@ def test_recent_traffic_beats_old_traffic() -> None:
     s = SessionSignals(top_k=1, monotonic=clock, half_life=60.0)
     for _ in range(100):
         s.start("old", CHAT, None, False).finish(200)
-    clock.t += 600  # ten half-lives: 100 requests weigh less than 0.1 now
+    clock.advance(600)  # ten half-lives: 100 requests weigh less than 0.1 now
     s.start("new", CHAT, None, False).finish(200)
     rows, _ = s.stats()
     assert rows[0].session == "new"
@@ -610,11 +601,11 @@ def test_scores_survive_renormalisation() -> None:
     clock = Clock()
     s = SessionSignals(top_k=1, monotonic=clock, half_life=1.0)
     for step in range(2000):  # about eight renormalisations
-        clock.t += 1.0
+        clock.advance(1.0)
         s.start("a" if step % 3 else "b", CHAT, None, False).finish(200)
     rows, _ = s.stats()
     assert rows[0].session == "a"
-    clock.t += 5000
+    clock.advance(5000)
     s.start("b", CHAT, None, False).finish(200)
     assert s.stats()[0][0].session == "b"
 
@@ -645,7 +636,7 @@ def test_counters_are_monotonic_and_sum_to_the_totals(max_sessions: int) -> None
             last[r.session] = now
 
     for step in range(3000):
-        clock.t += rng.random()
+        clock.advance(rng.random())
         op = rng.random()
         if op < 0.5:
             weights = [8, 4, 2, 1, 1, 1, 1, 1] if step < 1500 else [1, 1, 1, 1, 1, 1, 4, 8]
@@ -705,7 +696,7 @@ def test_other_gauges_cover_recent_non_top_sessions() -> None:
         run(s, "top", [json_response(usage(1000, 1, 1000))], streaming=False)
     run(s, "idle", [json_response(usage(100, 1, 0))], streaming=False)
     run(s, "idle", [json_response(usage(900, 1, 0))], streaming=False)  # growth 800, ratio 0
-    clock.t += 150
+    clock.advance(150)
     for p, k in ((100, 50), (140, 70)):
         run(s, "x", [json_response(usage(p, 1, k))], streaming=False)
     for p in (10, 30):
@@ -828,9 +819,9 @@ def test_a_quiet_session_ages_out_of_every_windowed_signal() -> None:
         run(s, "a", [json_response(usage(prompt, 1, 0))], streaming=False, body=body)
     r = row(s, "a")
     assert (r.tool_call_repeats, r.context_growth_tokens, r.prefix_cache_hit_ratio) == (5, 3000.0, 0.0)
-    clock.t += 119.0
+    clock.advance(119.0)
     assert row(s, "a").tool_call_repeats == 5  # not yet
-    clock.t += 2.0
+    clock.advance(2.0)
     r = row(s, "a")
     assert (r.tool_call_repeats, r.context_growth_tokens, r.prefix_cache_hit_ratio) == (0, None, None)
     assert (r.requests_total, r.prompt_tokens_total) == (5, 35000)  # counters are not windowed
@@ -843,11 +834,11 @@ def test_steps_age_one_by_one_and_the_other_row_ages_too() -> None:
     s = SessionSignals(top_k=0, monotonic=clock, max_age=60.0, active=1e9)
     for _ in range(3):
         run(s, "a", [], streaming=False, body=agent_body(call("f", "{}")))
-        clock.t += 20.0
+        clock.advance(20.0)
     assert row(s, "other").tool_call_repeats == 3  # steps 60, 40 and 20 s old: none older than 60 s
-    clock.t += 1.0
+    clock.advance(1.0)
     assert row(s, "other").tool_call_repeats == 2
-    clock.t += 40.0
+    clock.advance(40.0)
     assert row(s, "other").tool_call_repeats == 0
 
 

@@ -7,19 +7,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.clock import Clock
 from vllm_watchdog.gateway.admission import Gate
 from vllm_watchdog.gateway.config import GatewayConfig
 from vllm_watchdog.gateway.throttle import Throttle, ThrottleSpec
-
-
-class Clock:
-    """Injected monotonic clock."""
-
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Signal:
@@ -72,22 +63,22 @@ def test_aimd_hold_release_recover() -> None:
     assert throttle.hold("shed", spec) == 32
     assert gate.limit == 32 and throttle.held
     assert throttle.hold("shed", spec) == 16  # the same alert again: decrease again
-    clock.t += 100.0
+    clock.advance(100.0)
     assert throttle.tick(no_signal) == 16  # held without adaptive: nothing moves
     throttle.release("shed")
     assert not throttle.held
     limits = []
     for _ in range(12):
-        clock.t += 5.0
+        clock.advance(5.0)
         limits.append(throttle.tick(no_signal))
     # One step per 10 s after the release, never more than one per tick, up to the ceiling.
     assert limits == [16, 20, 20, 24, 24, 28, 28, 32, 32, 36, 36, 40]
     for _ in range(20):
-        clock.t += 10.0
+        clock.advance(10.0)
         throttle.tick(no_signal)
     assert gate.limit == 64
     assert throttle.state()["recovering"] is None
-    clock.t += 10.0
+    clock.advance(10.0)
     assert throttle.tick(no_signal) == 64
 
 
@@ -96,7 +87,7 @@ def test_recovery_steps_stop_at_the_ceiling() -> None:
     throttle.hold("a", ThrottleSpec(factor=0.9, step=5, step_interval=1.0))
     assert gate.limit == 9
     throttle.release("a")
-    clock.t += 1.0
+    clock.advance(1.0)
     assert throttle.tick(no_signal) == 10
 
 
@@ -104,10 +95,10 @@ def test_a_new_hold_during_recovery_stops_it() -> None:
     _, throttle, clock = setup(64)
     throttle.hold("a", ThrottleSpec(factor=0.5, step_interval=1.0))
     throttle.release("a")
-    clock.t += 1.0
+    clock.advance(1.0)
     assert throttle.tick(no_signal) == 33
     assert throttle.hold("b", ThrottleSpec(factor=0.5, step_interval=1.0)) == 16
-    clock.t += 10.0
+    clock.advance(10.0)
     assert throttle.tick(no_signal) == 16
 
 
@@ -131,11 +122,11 @@ def test_absolute_limit() -> None:
     assert throttle.hold("abs3", ThrottleSpec(limit=500)) == 10
     throttle.release("abs")
     throttle.release("abs2")
-    clock.t += 60.0
+    clock.advance(60.0)
     assert throttle.tick(no_signal) == 10  # abs3 still holds
     throttle.release("abs3")
     throttle.release("unknown")
-    clock.t += 10.0
+    clock.advance(10.0)
     assert throttle.tick(no_signal) == 11
     assert gate.limit == 11
 
@@ -145,7 +136,7 @@ def test_release_at_the_ceiling_needs_no_recovery() -> None:
     throttle.hold("a", ThrottleSpec(limit=100))
     throttle.release("a")
     assert throttle.state()["recovering"] is None
-    clock.t += 10.0
+    clock.advance(10.0)
     assert throttle.tick(no_signal) == 8
 
 
@@ -155,32 +146,32 @@ def test_adaptive_follows_the_signal() -> None:
     spec = ThrottleSpec(factor=0.5, adaptive="ttft", target=1.0, step=2, step_interval=5.0, floor=4)
     assert throttle.hold("ttft-high", spec) == 32
     signal.value = 4.0
-    clock.t += 1.0
+    clock.advance(1.0)
     assert throttle.tick(signal) == 32  # at most one change per step_interval
     assert signal.asked == []
-    clock.t += 4.0
+    clock.advance(4.0)
     assert throttle.tick(signal) == 16  # 4x over target: halved (the most one step may cut)
     assert signal.asked == ["ttft"]
     signal.value = 1.25
-    clock.t += 5.0
+    clock.advance(5.0)
     assert throttle.tick(signal) == 12  # 16 * 0.8
     signal.value = 1.0
-    clock.t += 5.0
+    clock.advance(5.0)
     assert throttle.tick(signal) == 14  # at target: additive increase
     signal.value = None
-    clock.t += 5.0
+    clock.advance(5.0)
     assert throttle.tick(signal) == 14  # no data: no change
     signal.value = float("inf")
-    clock.t += 5.0
+    clock.advance(5.0)
     assert throttle.tick(signal) == 14
     signal.value = 100.0
     for _ in range(5):
-        clock.t += 5.0
+        clock.advance(5.0)
         throttle.tick(signal)
     assert gate.limit == 4  # never below floor
     signal.value = 0.01
     for _ in range(100):
-        clock.t += 5.0
+        clock.advance(5.0)
         throttle.tick(signal)
     assert gate.limit == 64  # never above the ceiling
     throttle.release("ttft-high")
@@ -194,12 +185,12 @@ def test_adaptive_respects_other_absolute_holds() -> None:
     throttle.hold("qt", ThrottleSpec(factor=0.5, adaptive="queue_time", target=1.0, step_interval=1.0))
     assert gate.limit == 5
     for _ in range(20):
-        clock.t += 1.0
+        clock.advance(1.0)
         throttle.tick(signal)
     assert gate.limit == 10
     assert set(signal.asked) == {"queue_time"}
     throttle.release("cap")
-    clock.t += 1.0
+    clock.advance(1.0)
     assert throttle.tick(signal) == 11
 
 
@@ -207,7 +198,7 @@ def test_state_restore_round_trip() -> None:
     _, throttle, clock = setup(64)
     throttle.hold("a", ThrottleSpec(factor=0.5, adaptive="ttft", target=0.5))
     throttle.hold("b", ThrottleSpec(limit=20, floor=2, step=3, step_interval=7.5))
-    clock.t += 3.0
+    clock.advance(3.0)
     state = json.loads(json.dumps(throttle.state()))
     assert state["limit"] == 20 and state["ceiling"] == 64 and state["seconds_since_change"] == 3.0
     assert state["holds"]["b"]["step_interval"] == 7.5 and state["recovering"] is None
@@ -225,7 +216,7 @@ def test_state_restore_round_trip() -> None:
     gate3, throttle3, clock3 = setup(64)
     throttle3.restore(state)
     assert gate3.limit == 20 and throttle3.state()["recovering"] == state["recovering"]
-    clock3.t += 7.5
+    clock3.advance(7.5)
     assert throttle3.tick(no_signal) == 23
 
 
@@ -270,6 +261,6 @@ def test_gate_apply_clamps_and_throttle_recovers_to_the_new_ceiling() -> None:
     throttle.hold("b", ThrottleSpec(factor=0.5, step=8, step_interval=1.0))
     throttle.release("b")
     for _ in range(10):
-        clock.t += 1.0
+        clock.advance(1.0)
         throttle.tick(no_signal)
     assert gate.limit == 40

@@ -22,18 +22,18 @@ import httpx
 import pytest
 
 from tests.support.alertmanager_server import AlertmanagerServer, running_alertmanager
+from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.matchers import parse_matcher
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.alertmanager import alerts_body, am_time, api_url
-from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
 from vllm_watchdog.notifiers.config import NotifierConfig
+from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
 from vllm_watchdog.notifiers.hub import ActionEvent, NotificationHub
 from vllm_watchdog.notifiers.webhook import alerts_payload, event_payload, fingerprint, webhook_alert
-from vllm_watchdog.ruler.alerting import OutgoingAlert
 
 pytestmark = pytest.mark.anyio
-T0 = 1_700_000_000.0
 
 
 @dataclass
@@ -122,16 +122,6 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
-
-
-class Clock:
-    """A settable clock for the hub's answer timestamps."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def alert(

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import T0, Clock
 from vllm_watchdog.scrapelog import (
     ForgetRecord,
     GpuRecord,
@@ -25,16 +26,6 @@ from vllm_watchdog.scrapelog import (
     iter_records,
     segment_paths,
 )
-
-T0 = 1_700_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def perturb(body: str, rng: random.Random, frac: float) -> str:
@@ -121,15 +112,15 @@ def test_bytes_per_scrape_of_the_vllm_fixture(tmp_path: Path, vllm_payload: str)
     clock, rng = Clock(), random.Random(7)
     log = ScrapeLog(str(tmp_path / "idle"), clock=clock)
     for i in range(60):
-        clock.t = T0 + i
-        scrape(log, clock.t, vllm_payload)
+        clock.now = T0 + i
+        scrape(log, clock.now, vllm_payload)
     log.close()
     busy = ScrapeLog(str(tmp_path / "busy"), clock=clock)
     body = vllm_payload
     for i in range(60):
-        clock.t = T0 + i
+        clock.now = T0 + i
         body = perturb(body, rng, 0.3)
-        scrape(busy, clock.t, body)
+        scrape(busy, clock.now, body)
     busy.close()
     assert log.bytes_written / 60 < 200  # an unchanged body costs a few dozen bytes
     assert busy.bytes_written / 60 < 2500  # 30% of the values changing: about 1.3 kB vs 5.7 kB gzipped whole
@@ -142,14 +133,14 @@ def test_flushes_once_a_second_and_a_torn_tail_reads_up_to_the_last_whole_record
     scrape(log, T0, "a 1\n")
     (seg,) = segment_paths(path)
     assert os.path.getsize(seg) == 0  # buffered: nothing written within the second
-    clock.t += 1.0
-    scrape(log, clock.t, "a 2\n")
+    clock.advance(1.0)
+    scrape(log, clock.now, "a 2\n")
     size = os.path.getsize(seg)
     assert size > 0
     assert [r.t for r in iter_records(path)] == [T0, T0 + 1]  # readable while open: no gzip trailer yet
     for i in range(2, 40):
-        clock.t = T0 + i
-        scrape(log, clock.t, f"a {i}\nb {i * 2}\n")
+        clock.now = T0 + i
+        scrape(log, clock.now, f"a {i}\nb {i * 2}\n")
     log.flush()  # what the process had before it crashed (no close, no trailer)
     data = Path(seg).read_bytes()
     full = [r.t for r in iter_records(path)]
@@ -171,9 +162,9 @@ def test_rotates_by_size_keeps_n_and_never_appends_to_an_old_segment(
     rng = random.Random(3)
     body = vllm_payload
     for i in range(80):
-        clock.t = T0 + i
+        clock.now = T0 + i
         body = perturb(body, rng, 0.3)
-        scrape(log, clock.t, body)
+        scrape(log, clock.now, body)
     log.close()
     segs = segment_paths(path)
     assert len(segs) == 3 and segs[-1].endswith(".gz")
@@ -184,10 +175,10 @@ def test_rotates_by_size_keeps_n_and_never_appends_to_an_old_segment(
     assert ts == sorted(ts) and ts[-1] == T0 + 79
     assert isinstance(recs[-1], ScrapeRecord) and recs[-1].body == body  # deltas decode in every segment
     again = ScrapeLog(path, clock=clock, keep=3)  # a restart starts the next segment
-    scrape(again, clock.t + 1, "x 1")
+    scrape(again, clock.now + 1, "x 1")
     again.close()
     assert int(segment_paths(path)[-1].rsplit(".", 2)[1]) == int(segs[-1].rsplit(".", 2)[1]) + 1
-    assert [r.t for r in iter_records(path)][-1] == clock.t + 1
+    assert [r.t for r in iter_records(path)][-1] == clock.now + 1
 
 
 class BrokenFile:
@@ -210,23 +201,23 @@ def test_io_errors_are_counted_logged_once_and_never_raise(
     caplog.set_level(logging.ERROR, logger="vllm_watchdog.scrapelog")
     missing = ScrapeLog(str(tmp_path / "no" / "such" / "dir" / "rec"), clock=clock)
     for i in range(5):
-        clock.t = T0 + i
-        scrape(missing, clock.t, "a 1")
+        clock.now = T0 + i
+        scrape(missing, clock.now, "a 1")
     assert missing.errors >= 1 and missing.dropped == 5 and missing.records == 0
     assert len(caplog.records) == 1
     caplog.clear()
     log = ScrapeLog(str(tmp_path / "rec"), clock=clock)
-    scrape(log, clock.t, "a 0")
+    scrape(log, clock.now, "a 0")
     log._fh.close()
     log._fh = BrokenFile()
     for i in range(5, 8):
-        clock.t = T0 + i
-        scrape(log, clock.t, f"a {i}")
+        clock.now = T0 + i
+        scrape(log, clock.now, f"a {i}")
     log.close()
     assert log.errors >= 1 and log.dropped >= 1
     assert len(caplog.records) == 1
-    clock.t += 5
-    scrape(log, clock.t, "late")  # after close: ignored, no error
+    clock.advance(5)
+    scrape(log, clock.now, "late")  # after close: ignored, no error
 
 
 def test_reader_rejects_missing_and_newer_recordings(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.support.clock import Clock
 from vllm_watchdog.service.fdlimits import FdReserve
 
 
@@ -19,12 +20,12 @@ def test_a_descriptor_in_the_reserve_is_refused_without_counting() -> None:
 
 
 def test_between_a_quarter_and_the_floor_the_open_descriptors_decide_counted_at_most_every_recount() -> None:
-    counts, now = [970], [0.0]
-    guard = FdReserve(64, limit=lambda: 1024, count=lambda: counts[0], monotonic=lambda: now[0], recount=1.0)
+    counts, clock = [970], Clock(0.0)
+    guard = FdReserve(64, limit=lambda: 1024, count=lambda: counts[0], monotonic=clock, recount=1.0)
     assert guard.exhausted(500)  # 970 open: fewer than 64 free
     counts[0] = 100
     assert guard.exhausted(500)  # the count is reused within `recount`
-    now[0] = 1.0
+    clock.advance(1.0)
     assert not guard.exhausted(500)
     assert not FdReserve(64, limit=lambda: None).exhausted(10**6)  # unlimited
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests.support.clock import Clock
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
@@ -16,16 +17,6 @@ from vllm_watchdog.sources.monitor import SUMMARY_EVERY, Monitor
 
 pytestmark = pytest.mark.anyio
 NOW = 1_700_000_000.0
-
-
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def monitor(url: str, clock: Clock) -> Monitor:
@@ -54,7 +45,7 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
     for i in range(scrapes):
         await mon.scrape("t", NOW + i)
         await mon.probe_health("t", NOW + i)
-        clock.now += 1.0
+        clock.advance(1.0)
     got = lines(caplog)
     assert got.count(("scrape failed", None)) == 1
     assert got.count(("probe failed", None)) == 1
@@ -98,7 +89,7 @@ async def test_out_of_bounds_samples_are_warned_once_and_exported(
     mon = monitor(fault.url, clock)
     for i in range(10):
         await mon.scrape("t", NOW + i)
-        clock.now += 1.0
+        clock.advance(1.0)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [(r.getMessage(), r.__dict__.get("num_dropped")) for r in warned] == [
         ("error on ingesting samples that are too old or are too far into the future", 1)

@@ -18,10 +18,10 @@ from ..gateway.handle import GatewayControl
 from ..gateway.link import GatewayLink
 from ..gateway.process import process_link
 from ..gateway.snapshot import GatewaySnapshot
+from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
 from ..promql.engine import Engine
 from ..promql.values import QueryError, Vector
-from ..ruler.alerting import OutgoingAlert
 from ..statehealth import StateHealth
 from .power import PowerLimiter
 from .readiness import ReadyCheck

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..config.model import Config, TargetConfig
 from ..errors import ActionError
+from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
-from ..ruler.alerting import OutgoingAlert
 from ..statehealth import StateHealth
 from .audit import Audit, Job
 from .config import GATEWAY_ACTIONS, ActionConfig, Budget

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..ruler.alerting import OutgoingAlert
+from ..notifiers.alert import OutgoingAlert
 from .config import ActionConfig
 from .rails import Rails, Verdict
 

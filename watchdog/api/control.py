@@ -24,8 +24,8 @@ from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
 from ..gateway.handle import GatewayControl
 from ..matchers import make_matcher, parse_matcher
+from ..notifiers.alert import OutgoingAlert
 from ..redact import Redactor
-from ..ruler.alerting import OutgoingAlert
 from .jsonbodies import JSONAnswer, parse
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused

@@ -22,8 +22,9 @@ import httpx
 
 from ..config.model import Config
 from ..errors import ScrapeError
+from ..notifiers.alert import OutgoingAlert
 from ..promql.engine import Engine, vector_query
-from ..ruler.alerting import AlertState, OutgoingAlert
+from ..ruler.alerting import AlertState
 from ..ruler.files import RuleGroup, store_needs
 from ..ruler.groups import GroupKey, RuleManager, key_name
 from ..scrapelog import (

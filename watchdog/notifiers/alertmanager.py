@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..ruler.alerting import OutgoingAlert
+from .alert import OutgoingAlert
 
 API_PATH = "/api/v2/alerts"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from ..ruler.alerting import OutgoingAlert
+from .alert import OutgoingAlert
 
 MAX_BATCH = 64  # alerts per request, as Prometheus' notifier sends them
 _RETRYABLE_4XX = frozenset({408, 429})

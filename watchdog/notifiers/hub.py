@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from ..matchers import matches_all
-from ..ruler.alerting import OutgoingAlert
 from ..statehealth import StateHealth
+from .alert import OutgoingAlert
 from .alertmanager import alert_identity, alerts_body, api_url
 from .config import NotifierConfig
 from .delivery import MAX_BATCH, backoff, decode_alert, decode_event, encode_alert, post

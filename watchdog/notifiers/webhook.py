@@ -31,8 +31,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..ruler.alerting import OutgoingAlert
 from ..templates.gofmt import rfc3339
+from .alert import OutgoingAlert
 
 VERSION = "4"
 _OFFSET64 = 14695981039346656037

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote_plus
 
+from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc
 from ..store import Labels
 from ..templates import Template, TemplateError
@@ -66,19 +67,6 @@ class Alert:
             return True
         # ts < last: the wall clock went back; re-send now rather than once it has caught up again.
         return last is None or last + resend_delay < ts or ts < last
-
-
-@dataclass(frozen=True)
-class OutgoingAlert:
-    """An alert as notifiers receive it; `state` is "firing" or "resolved", times in unix seconds."""
-
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    state: str
-    starts_at: float
-    ends_at: float
-    value: float
-    generator_url: str = ""
 
 
 @dataclass

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.model import Config
+from ..notifiers.alert import OutgoingAlert
 from ..promql.engine import Engine, vector_query
 from ..promql.remote import PrometheusBackend, backend_for
 from ..promql.values import QueryError, QueryFunc, Vector
 from ..store import SampleStore
-from .alerting import OutgoingAlert
 from .files import RuleGroup
 from .groups import RuleManager
 

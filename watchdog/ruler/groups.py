@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WatchdogError
+from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc, to_ms
 from ..store import Exposure, Labels, SampleStore
 from ..templates.gofmt import go_number, rfc3339
@@ -24,7 +25,6 @@ from .alerting import (
     Alert,
     AlertingRule,
     AlertState,
-    OutgoingAlert,
     RuleStatus,
     alert_json,
     rule_identity,
