@@ -24,7 +24,7 @@ from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
-from vllm_watchdog.ruler.alerting import OutgoingAlert
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 
 pytestmark = pytest.mark.anyio
 SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'

@@ -26,12 +26,12 @@ from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.matchers import parse_matcher
+from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.alertmanager import alerts_body, am_time, api_url
 from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
 from vllm_watchdog.notifiers.hub import ActionEvent, NotificationHub
 from vllm_watchdog.notifiers.webhook import alerts_payload, event_payload, fingerprint, webhook_alert
-from vllm_watchdog.ruler.alerting import OutgoingAlert
 
 pytestmark = pytest.mark.anyio
 
