@@ -103,12 +103,34 @@ def stop_group(pid: int) -> None:
 
 
 def assign_groups(items: list[pytest.Item]) -> None:
-    """Mark each test with the xdist group it must share a worker with.
+    """Mark each test with the xdist group it must share a worker with, and put the long groups first.
 
     Shared-vLLM tests form one group. Every other test is grouped with its module, so that a module's
-    fixtures (a Prometheus, a Docker image, a vLLM of its own) are built once, on one worker.
+    fixtures (a Prometheus, a Docker image, a vLLM of its own) are built once, on one worker. xdist hands out
+    groups in the order it meets them: the shared-vLLM group (the longest chain) goes first, then modules
+    that start real servers, so that no long module is left to start last while the other workers idle.
     """
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if _starts_servers(item)}
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        group = SHARED_VLLM_GROUP if "vllm_server" in names else item.nodeid.split("::", 1)[0]
+        group = SHARED_VLLM_GROUP if _uses_shared_vllm(item) else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+    def weight(item: pytest.Item) -> int:
+        if _uses_shared_vllm(item):
+            return 0
+        return 1 if item.nodeid.split("::", 1)[0] in slow_modules else 2
+
+    items.sort(key=weight)  # stable: the order inside each module is kept
+
+
+def _uses_shared_vllm(item: pytest.Item) -> bool:
+    return "vllm_server" in getattr(item, "fixturenames", ())
+
+
+def _starts_servers(item: pytest.Item) -> bool:
+    """A real vLLM, Docker engine or Prometheus of the test's own (the suite's slow minutes)."""
+    names = set(getattr(item, "fixturenames", ()))
+    return item.get_closest_marker("vllm") is not None or bool(names & _SERVER_FIXTURES)
+
+
+_SERVER_FIXTURES = {"docker_client", "cleanup", "vllm_runtime"}
