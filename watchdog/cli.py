@@ -19,6 +19,7 @@ from .commands.top import run_top
 from .config.durations import parse_size
 from .config.model import Config
 from .errors import ConfigError
+from .fdlimits import raise_open_files_limit
 from .promql.compile import compile_expr
 from .promql.engine import Engine
 from .promql.remote import backend_for
@@ -28,7 +29,6 @@ from .redact import Redactor
 from .ruler.files import RuleGroup
 from .scrapelog import ScrapeLogError
 from .service.daemon import Daemon, load_all
-from .service.fdlimits import raise_open_files_limit
 from .sources.monitor import Monitor
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2

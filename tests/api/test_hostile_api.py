@@ -189,7 +189,7 @@ UNCAPPED = """
 import asyncio, sys
 from vllm_watchdog import logs
 from vllm_watchdog.service.daemon import Daemon
-from vllm_watchdog.service.fdlimits import raise_open_files_limit
+from vllm_watchdog.fdlimits import raise_open_files_limit
 from vllm_watchdog.listener import ListenerLimits
 logs.setup("info", fmt="text")
 raise_open_files_limit()

@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import logs
 from ..errors import ConfigError
-from ..service.fdlimits import raise_open_files_limit
-from ..service.sdnotify import Notifier
+from ..fdlimits import raise_open_files_limit
+from ..sdnotify import Notifier
 from .channel import ChannelError, ControlClient, ControlServer, default_socket_path
 from .codec import decode, encode
 from .commands import CommandError, GatewayCommands

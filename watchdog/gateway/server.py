@@ -19,8 +19,8 @@ try:
 except ImportError:  # uvloop is optional; asyncio's loop is slower
     from asyncio import new_event_loop  # type: ignore[assignment]
 
+from ..fdlimits import AcceptErrors
 from ..listener import Listener, ListenerLimits
-from ..service.fdlimits import AcceptErrors
 from .admission import Gate
 from .backoff import UpstreamBackoff
 from .config import GatewayConfig

@@ -1,1 +1,1 @@
-"""The daemon process: wiring of the stages, systemd notify, own metrics, clock and fd limits."""
+"""The daemon process: wiring of the stages, its own metrics, and the wall clock watched for jumps."""

@@ -37,6 +37,7 @@ from ..actions.plane import ActionPlane
 from ..api.app import build_app
 from ..config.model import Config, load_config
 from ..errors import ConfigError
+from ..fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
 from ..gateway.feed import GatewayFeed
 from ..gateway.metrics import GatewayCollector, exposition
 from ..gateway.process import process_link
@@ -45,13 +46,12 @@ from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation
 from ..ruler.files import RuleGroup, load_rule_files
 from ..scrapelog import ScrapeLog
+from ..sdnotify import Notifier
 from ..sources.gpu import GpuCollector
 from ..sources.monitor import Monitor
 from ..sources.nvml import NvmlSource
 from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
-from .fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
-from .sdnotify import Notifier
 from .selfmetrics import DaemonCounters, WatchdogCollector
 
 log = logging.getLogger(__name__)

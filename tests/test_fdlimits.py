@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.support.clock import Clock
-from vllm_watchdog.service.fdlimits import FdReserve
+from vllm_watchdog.fdlimits import FdReserve
 
 
 def test_a_descriptor_in_the_reserve_is_refused_without_counting() -> None:
@@ -33,7 +33,7 @@ def test_between_a_quarter_and_the_floor_the_open_descriptors_decide_counted_at_
 def test_the_soft_limit_is_raised_to_the_hard_limit() -> None:
     script = """
 import resource
-from vllm_watchdog.service.fdlimits import raise_open_files_limit
+from vllm_watchdog.fdlimits import raise_open_files_limit
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 got = raise_open_files_limit()
