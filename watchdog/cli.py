@@ -37,7 +37,7 @@ CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 1
 
 def _print_problems(exc: ConfigError) -> None:
     # The shapes the log masks (URL passwords, `--api-key X`) in rule-file problems too; values substituted
-    # into secret fields are masked in config problems already (config._masked).
+    # into secret fields are masked in config problems already (config.model._masked).
     red = Redactor()
     for p in exc.problems:
         print(f"{p.file}:{p.line}: {red.text(p.field)}: {red.text(p.message)}", file=sys.stderr)

@@ -18,7 +18,7 @@ Rails are checked in this order and the first that blocks gives the verdict:
 - busy: this action, or for a disruptive one any disruptive action, is running on the target.
 
 After these, just before the audit row is written, the remediator checks one more for disruptive actions that
-are not dry runs: state_unwritable (remediation.STATE_RAIL), while the state_dir cannot be written (see
+are not dry runs: state_unwritable (remediator.STATE_RAIL), while the state_dir cannot be written (see
 statehealth). It is not in RAILS: it needs a write probe, not the store.
 
 Clock jumps: rows carry wall-clock times (they must outlive the process). With no `monotonic` clock the
@@ -73,7 +73,7 @@ class Verdict:
 
     allowed: bool
     reason: str
-    rail: str = ""  # "" or one of RAILS, or remediation.STATE_RAIL
+    rail: str = ""  # "" or one of RAILS, or remediator.STATE_RAIL
     retry_at: float | None = None
 
 

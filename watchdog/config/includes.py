@@ -2,7 +2,7 @@
 
 An included file holds only `actions:`, `routes:` and `notifiers:`; it cannot include further files, so there
 are no cycles. Paths are relative to the including file, or `bundled:NAME` for a file shipped with the
-package, which must stay inside the bundled folder; every file is read by `configfiles.read_text`. Merge
+package, which must stay inside the bundled folder; every file is read by `config.files.read_text`. Merge
 order: the including file's own actions override included ones of the same name; its own routes come first,
 then each included file's routes in order; notifiers are appended likewise. Every problem names the file it
 is in and its line.

@@ -1,1 +1,2 @@
-"""Embedded PromQL: selectors now; the evaluator arrives with the rule engine."""
+"""Embedded PromQL: expressions compiled once, the evaluator over the sample store, its functions, and the
+remote Prometheus-compatible backend that can stand in for it."""

@@ -198,7 +198,7 @@ def _state(health: StateHealth, alert_file_errors: int) -> Iterator[Metric]:
         labels=["file"],
     )
     counts = {name: 0 for name in STATE_FILES} | health.errors
-    counts[STATE_FILE] += alert_file_errors  # the alert state file counts its own (alertstate.StateFile)
+    counts[STATE_FILE] += alert_file_errors  # the alert state file counts its own (ruler.state.StateFile)
     for name, n in sorted(counts.items()):
         errors.add_metric([name], n)
     yield errors
