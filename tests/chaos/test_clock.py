@@ -25,11 +25,10 @@ from vllm_watchdog.actions.config import ActionConfig, Budget
 from vllm_watchdog.actions.rails import Rails
 from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.gateway.config import GatewayConfig
+from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
 from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.throttle import ThrottleSpec
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.hub import NotificationHub

@@ -19,10 +19,10 @@ from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.gateway.admission import Gate
 from vllm_watchdog.gateway.backoff import HOLD_KEY, UpstreamBackoff
-from vllm_watchdog.gateway.config import GatewayConfig, UpstreamBackoffConfig
+from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec, UpstreamBackoffConfig
 from vllm_watchdog.gateway.metrics import exposition
 from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.throttle import Throttle, ThrottleSpec
+from vllm_watchdog.gateway.throttle import Throttle
 
 TARGET = 'targets:\n  - {name: vllm-0, url: "http://127.0.0.1:8000"}\n'
 # What vLLM 0.32 answers when --max-num-queued-reqs is reached (vllm.exceptions.QueueOverflowError).

@@ -6,8 +6,7 @@ import pytest
 
 from vllm_watchdog.config.model import load_config, parse_config
 from vllm_watchdog.errors import ConfigError
-from vllm_watchdog.gateway.config import GatewayConfig, MiB, PriorityConfig, SessionConfig
-from vllm_watchdog.gateway.throttle import ThrottleSpec
+from vllm_watchdog.gateway.config import GatewayConfig, MiB, PriorityConfig, SessionConfig, ThrottleSpec
 
 TARGET = 'targets:\n  - {name: vllm-0, url: "http://127.0.0.1:8000"}\n'
 

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support.clock import Clock
 from vllm_watchdog.gateway.admission import Gate
-from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.throttle import Throttle, ThrottleSpec
+from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
+from vllm_watchdog.gateway.throttle import Throttle
 
 
 class Signal:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..config.durations import parse_duration
 from ..config.yamlnodes import Node
-from ..gateway.throttle import ADAPTIVE_SIGNALS, ThrottleSpec
+from ..gateway.config import ADAPTIVE_SIGNALS, ThrottleSpec
 from ..matchers import Matcher, parse_matchers
 
 ACTION_TYPES = (

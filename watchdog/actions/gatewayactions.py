@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ..config.durations import format_duration
-from ..gateway.throttle import ThrottleSpec
+from ..gateway.config import ThrottleSpec
 from .config import DEFAULT_THROTTLE, ActionConfig
 from .flows import FlowContext, Outcome
 from .plans import Plan

@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .codec import decode, encode
-from .config import GatewayConfig
+from .config import GatewayConfig, ThrottleSpec
 from .offences import Escalation, Offences
 from .server import GatewayServer
-from .throttle import ThrottleSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
-"""The `gateway:` section of the config, parsed into frozen dataclasses."""
+"""The `gateway:` section of the config and the spec of `throttle` actions, as frozen dataclasses."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from ..config.durations import parse_duration, parse_size
@@ -12,6 +13,7 @@ from ..config.yamlnodes import Node
 from .routes import ADMIN, admin_root
 
 MiB = 1024 * 1024
+ADAPTIVE_SIGNALS = ("queue_time", "ttft")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,67 @@ class UpstreamBackoffConfig:
     quiet: float = 10.0  # seconds without a 503 before the cap climbs back
     step: int = 1  # then this many slots more...
     step_interval: float = 5.0  # ...every this many seconds, up to max_in_flight
+
+
+@dataclass(frozen=True)
+class ThrottleSpec:
+    """How one action throttles: decrease by `factor` or to `limit`, recover by `step` per `step_interval`."""
+
+    factor: float | None = None  # multiply the current limit (0 < f < 1), or
+    limit: int | None = None  # set an absolute limit (exactly one of the two)
+    floor: int = 1  # never below
+    step: int = 1  # additive increase per step_interval once released
+    step_interval: float = 10.0
+    adaptive: str | None = None  # None | "queue_time" | "ttft": while held, follow it toward `target`
+    target: float = 1.0  # seconds, for adaptive
+
+    def __post_init__(self) -> None:
+        if (self.factor is None) == (self.limit is None):
+            raise ValueError("a throttle needs exactly one of factor and limit")
+        if self.factor is not None and not 0 < self.factor < 1:
+            raise ValueError(f"factor must be between 0 and 1 (exclusive), got {self.factor}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be at least 1, got {self.limit}")
+        if self.floor < 1:
+            raise ValueError(f"floor must be at least 1, got {self.floor}")
+        if self.step < 1:
+            raise ValueError(f"step must be at least 1, got {self.step}")
+        if not self.step_interval > 0 or not math.isfinite(self.step_interval):
+            raise ValueError(f"step_interval must be a positive number of seconds, got {self.step_interval}")
+        if self.adaptive is not None and self.adaptive not in ADAPTIVE_SIGNALS:
+            raise ValueError(f"adaptive must be one of {', '.join(ADAPTIVE_SIGNALS)}, got {self.adaptive!r}")
+        if not self.target > 0 or not math.isfinite(self.target):
+            raise ValueError(f"target must be a positive number of seconds, got {self.target}")
+
+    def to_json(self) -> dict[str, object]:
+        """The spec as a JSON object."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: object) -> ThrottleSpec | None:
+        """A spec from to_json() output; None if `doc` is not a valid one."""
+        if not isinstance(doc, Mapping):
+            return None
+        fields = {
+            "factor": (float, int, type(None)),
+            "limit": (int, type(None)),
+            "floor": (int,),
+            "step": (int,),
+            "step_interval": (float, int),
+            "adaptive": (str, type(None)),
+            "target": (float, int),
+        }
+        values: dict[str, object] = {}
+        for name, types in fields.items():
+            if name in doc:
+                value = doc[name]
+                if isinstance(value, bool) or not isinstance(value, types):
+                    return None
+                values[name] = value
+        try:
+            return cls(**values)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,9 @@ from ..background import Background
 from ..promql.mathfuncs import histogram_quantile
 from .channel import ChannelError
 from .codec import decode, encode
-from .config import GatewayConfig
+from .config import GatewayConfig, ThrottleSpec
 from .link import GatewayLink
 from .snapshot import GatewaySnapshot, HistogramSnapshot
-from .throttle import ThrottleSpec
 
 log = logging.getLogger(__name__)
 HOLD_TTL = 900.0  # a hold whose alert was not seen for this long is dropped (a lost "resolved")

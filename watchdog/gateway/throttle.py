@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from typing import Protocol
 
-ADAPTIVE_SIGNALS = ("queue_time", "ttft")
+from .config import ThrottleSpec
+
 MIN_RATIO = 0.5  # one adaptive step at most halves the limit
 
 
@@ -28,67 +28,6 @@ class Limited(Protocol):
     def ceiling(self) -> int: ...
 
     def set_limit(self, limit: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class ThrottleSpec:
-    """How one action throttles: decrease by `factor` or to `limit`, recover by `step` per `step_interval`."""
-
-    factor: float | None = None  # multiply the current limit (0 < f < 1), or
-    limit: int | None = None  # set an absolute limit (exactly one of the two)
-    floor: int = 1  # never below
-    step: int = 1  # additive increase per step_interval once released
-    step_interval: float = 10.0
-    adaptive: str | None = None  # None | "queue_time" | "ttft": while held, follow it toward `target`
-    target: float = 1.0  # seconds, for adaptive
-
-    def __post_init__(self) -> None:
-        if (self.factor is None) == (self.limit is None):
-            raise ValueError("a throttle needs exactly one of factor and limit")
-        if self.factor is not None and not 0 < self.factor < 1:
-            raise ValueError(f"factor must be between 0 and 1 (exclusive), got {self.factor}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be at least 1, got {self.limit}")
-        if self.floor < 1:
-            raise ValueError(f"floor must be at least 1, got {self.floor}")
-        if self.step < 1:
-            raise ValueError(f"step must be at least 1, got {self.step}")
-        if not self.step_interval > 0 or not math.isfinite(self.step_interval):
-            raise ValueError(f"step_interval must be a positive number of seconds, got {self.step_interval}")
-        if self.adaptive is not None and self.adaptive not in ADAPTIVE_SIGNALS:
-            raise ValueError(f"adaptive must be one of {', '.join(ADAPTIVE_SIGNALS)}, got {self.adaptive!r}")
-        if not self.target > 0 or not math.isfinite(self.target):
-            raise ValueError(f"target must be a positive number of seconds, got {self.target}")
-
-    def to_json(self) -> dict[str, object]:
-        """The spec as a JSON object."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: object) -> ThrottleSpec | None:
-        """A spec from to_json() output; None if `doc` is not a valid one."""
-        if not isinstance(doc, Mapping):
-            return None
-        fields = {
-            "factor": (float, int, type(None)),
-            "limit": (int, type(None)),
-            "floor": (int,),
-            "step": (int,),
-            "step_interval": (float, int),
-            "adaptive": (str, type(None)),
-            "target": (float, int),
-        }
-        values: dict[str, object] = {}
-        for name, types in fields.items():
-            if name in doc:
-                value = doc[name]
-                if isinstance(value, bool) or not isinstance(value, types):
-                    return None
-                values[name] = value
-        try:
-            return cls(**values)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return None
 
 
 class Throttle:
