@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import T0
 from vllm_watchdog.actions.config import ActionConfig, Budget
 from vllm_watchdog.actions.rails import RAILS, Rails, Verdict
 from vllm_watchdog.actions.state import ActionStore
 
-T0 = 1_700_000_000.0
 MIN = 60.0
 HOUR = 3600.0
 TARGET = "gpu0"

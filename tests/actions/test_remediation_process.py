@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import (
     START_LIMIT,
@@ -23,29 +24,21 @@ from tests.support.watchdogproc import (
 )
 
 pytestmark = pytest.mark.vllm
-TOKEN = "process-test-token"
 
 
 def _config(tmp_path: Path, port: int, vport: int) -> Path:
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-p
-    url: http://127.0.0.1:{vport}
-    canary: false
-    command: [bash, {ROOT / "scripts" / "serve-vllm.sh"}, --port, "{vport}", --max-num-seqs, "1"]
+    command = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vport), "--max-num-seqs", "1"]
+    return write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{vport}", name="vllm-p", command=command),
+        port=port,
+        rest="""
 routes:
-  - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
+  - {match: {alertname: VLLMEngineHung}, actions: [restart]}
 actions:
-  restart: {{type: restart, startup_grace: 0s, drain_timeout: 5s, stop_timeout: 30s, ready_timeout: 5m}}
-"""
+  restart: {type: restart, startup_grace: 0s, drain_timeout: 5s, stop_timeout: 30s, ready_timeout: 5m}
+""",
     )
-    return cfg
 
 
 def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[], None]]) -> None:
@@ -55,9 +48,8 @@ def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[]
 
     first, original = start_with_process_target(cfg, log, base, vport, cleanup)
     hung = inbound_alert("VLLMEngineHung", "vllm-p")
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.post(base + "/api/v1/alertmanager", json=hung, timeout=10).status_code == 401
-    resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=headers, timeout=10)
+    resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=AUTH, timeout=10)
     assert resp.status_code == 200 and resp.json()["queued"] == 1
 
     def mid_restart(j: Any) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import poll
@@ -67,21 +68,19 @@ def recording(
     port, gport = free_port(), free_port()
     api = f"http://127.0.0.1:{port}"
     (tmp_path / "q.rules.yml").write_text(RULES)
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{fault.url}", canary: {{enabled: true, interval: 1s, timeout: 2s}}}}
+    cfg = write_config(
+        tmp_path,
+        target(fault.url, canary={"enabled": True, "interval": "1s", "timeout": "2s"}),
+        port=port,
+        token=None,
+        rest=f"""
 rule_files: [q.rules.yml]
 gateway: {{listen: 127.0.0.1:{gport}, max_in_flight: 16}}
 actions:
   squeeze: {{type: throttle, limit: 4}}
 routes:
   - {{match: {{alertname: Backlog}}, actions: [squeeze]}}
-"""
+""",
     )
     step = 0
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.clock import T0
+from tests.support.configs import watchdog_yaml
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.cli import main
 from vllm_watchdog.commands.replay import Replayer, run_replay
@@ -17,7 +19,6 @@ from vllm_watchdog.scrapelog import ScrapeLog, iter_records
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, is_stale
 
-T0 = 1_700_000_000.0
 RULES = """
 groups:
   - name: vllm
@@ -34,8 +35,8 @@ groups:
 """
 
 
-def config(tmp_path: Path, extra: str = "") -> Config:
-    text = "global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + extra
+def config(tmp_path: Path) -> Config:
+    text = watchdog_yaml(token=None)  # the fast intervals alone
     path = tmp_path / "c.yml"
     path.write_text(text)
     return parse_config(text, str(path))

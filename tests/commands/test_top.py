@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.configs import AUTH, FAST, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import poll, start_watchdog
@@ -165,22 +166,19 @@ def test_once_against_a_running_watchdog(
         "      - alert: Backlog\n        expr: vllm:num_requests_waiting > 5\n"
         "        labels: {severity: warning}\n"
     )
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s, keep_unreferenced: true}}
-listen: 127.0.0.1:{port}
-api_token: top-token
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{fault.url}", canary: {{enabled: true, interval: 1s, timeout: 2s}}}}
+    cfg = write_config(
+        tmp_path,
+        target(fault.url, canary={"enabled": True, "interval": "1s", "timeout": "2s"}),
+        port=port,
+        global_settings={**FAST, "keep_unreferenced": True},
+        rest=f"""
 rule_files: [q.rules.yml]
 gateway: {{listen: 127.0.0.1:{gport}, max_in_flight: 16, sessions: {{breaker_duration: 7m}}}}
 actions:
   squeeze: {{type: throttle, limit: 4}}
 routes:
   - {{match: {{alertname: Backlog}}, actions: [squeeze]}}
-"""
+""",
     )
     log = tmp_path / "watchdog.log"
     wd = start_watchdog(cfg, log)
@@ -189,14 +187,14 @@ routes:
     resp = httpx.post(
         api + "/api/v1/gateway/breakers",
         json={"session": "looper", "duration": "10m"},
-        headers={"Authorization": "Bearer top-token"},
+        headers=AUTH,
         timeout=5,
     )
     assert resp.status_code == 200, resp.text
     default = httpx.post(  # no duration: the configured sessions.breaker_duration
         api + "/api/v1/gateway/breakers",
         json={"session": "agent-9"},
-        headers={"Authorization": "Bearer top-token"},
+        headers=AUTH,
         timeout=5,
     )
     assert default.status_code == 200 and default.json()["seconds"] == 420, default.text

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import target, write_config
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import cleanup, poll, start_watchdog  # noqa: F401  (cleanup is a fixture)
@@ -66,22 +67,19 @@ def test_a_breaker_ends_and_a_repeat_offence_gets_a_longer_one(
 ) -> None:
     port, gport = free_port(), free_port()
     api, gateway = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gport}"
-    cfg, log = tmp_path / "watchdog.yml", tmp_path / "watchdog.log"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: breaker-token
-state_dir: {tmp_path / "state"}
+    log = tmp_path / "watchdog.log"
+    cfg = write_config(
+        tmp_path,
+        target(upstream.url),
+        port=port,
+        rest=f"""
 rule_files: ["bundled:gateway.rules.yml"]
-targets:
-  - {{name: vllm-0, url: "{upstream.url}", canary: false}}
 gateway: {{listen: 127.0.0.1:{gport}}}
 actions:
   breaker: {{type: throttle_session, duration: {BREAKER:g}s, max_duration: 1m, reset_after: 1h}}
 routes:
   - {{match: {{alertname: GatewaySessionToolCallLoop}}, actions: [breaker]}}
-"""
+""",
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.terminate(), wd.wait(20)))

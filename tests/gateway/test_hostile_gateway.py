@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import TOKEN
 from tests.support.daemon_thread import DaemonThread, raise_nofile
 from tests.support.gateway_upstream import Seen, Upstream, response_head
 from tests.support.vllm_server import free_port
@@ -30,7 +31,6 @@ from vllm_watchdog.gateway.snapshot import GatewaySnapshot
 from vllm_watchdog.listener import ListenerLimits
 
 COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}
-TOKEN = "hostile-test-token"
 MiB = 1024 * 1024
 
 

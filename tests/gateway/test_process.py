@@ -22,12 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.gateway_upstream import SSE_HEAD, Seen, Upstream, chunk
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
 
-TOKEN = "gateway-process-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EVENTS = 20
 STREAMS = 16
 
@@ -57,20 +56,16 @@ class Rig:
         self.port, self.gport = free_port(), free_port()
         self.api, self.gateway = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.gport}"
         self.log = tmp_path / "watchdog.log"
-        self.cfg = tmp_path / "watchdog.yml"
-        self.cfg.write_text(
-            f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{self.port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
+        self.cfg = write_config(
+            tmp_path,
+            target(upstream.url),
+            port=self.port,
+            rest=f"""
 rule_files: []
-targets:
-  - {{name: vllm-0, url: "{upstream.url}", canary: false}}
 gateway: {{listen: 127.0.0.1:{self.gport}, control_lease: {lease}, drain_mode: hold, drain_max_wait: 5m}}
 actions:
   hold: {{type: drain}}
-"""
+""",
         )
         self.cleanup = cleanup
         self.known: set[int] = set()  # gateway processes seen: killed at teardown (they outlive daemons)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.clock import T0
 from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector, to_ms
 from vllm_watchdog.ruler.files import RuleGroup, parse_rule_file
 from vllm_watchdog.ruler.groups import RuleManager
 from vllm_watchdog.store import SampleStore, is_stale, make_labels
-
-T0 = 1_700_000_000.0
 
 
 def store_query(store: SampleStore, calls: list[str] | None = None) -> QueryFunc:

@@ -33,6 +33,7 @@ from tests.shipped.test_grafana_dashboards import (
     substitute,
     variable_names,
 )
+from tests.support.configs import target, write_config
 from tests.support.dcgm_exporter_fake import dcgm_exporter
 from tests.support.faultserver import FaultServer
 from tests.support.prometheus_server import PrometheusServer, running_prometheus
@@ -41,7 +42,6 @@ from tests.support.watchdogproc import poll, start_watchdog
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "dashboards-token"
 WATCHDOG_JOB = "vllm-watchdog"
 CLIENT = httpx.Client(limits=httpx.Limits(max_connections=32), trust_env=False)
 # Repetitive text: vLLM's ngram drafter finds matches in it, and every request shares it (prefix-cache hits).
@@ -94,16 +94,12 @@ def watchdog_config(
     port, gport = free_port(), free_port()
     rules = tmp / "dashboard.rules.yml"
     rules.write_text(RULES)
-    cfg = tmp / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp / "state"}
-targets:
-  - {{name: vllm-0, url: "{vllm.url}", canary: {{interval: 2s, timeout: 30s}}}}
-  - {{name: ghost, url: "http://127.0.0.1:{free_port()}", canary: false}}
+    cfg = write_config(
+        tmp,
+        target(vllm.url, canary={"interval": "2s", "timeout": "30s"}),
+        target(f"http://127.0.0.1:{free_port()}", name="ghost"),
+        port=port,
+        rest=f"""
 gpus: {{dcgm_url: "{dcgm.url}/metrics"}}
 rule_files: ["{rules}"]
 gateway:
@@ -118,7 +114,7 @@ routes:
   - {{match: {{alertname: DashboardTrafficSeen}}, actions: [squeeze]}}
 notifiers:
   - {{type: webhook, name: sink, url: "{sink.url}/hook"}}
-"""
+""",
     )
     return cfg, port, gport
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from docker.errors import APIError, ContainerError, NotFound
 
+from tests.support.configs import target, watchdog_yaml
 from tests.support.docker_engine import (
     container_log,
     remove_container,
@@ -150,18 +151,18 @@ def test_container_watches_real_vllm_and_stops_cleanly(
     api, gw = free_port(), free_port()
     config = tmp_path / "watchdog.yml"
     config.write_text(
-        f"""
-listen: 127.0.0.1:{api}
-api_token: ${{VLLM_WATCHDOG_TOKEN}}
-targets:
-  - name: vllm-0
-    url: {vllm_server.url}
-    canary: false
+        watchdog_yaml(
+            target(vllm_server.url),
+            port=api,
+            token="${VLLM_WATCHDOG_TOKEN}",  # from the container's environment
+            state_dir="/var/lib/vllm-watchdog",  # the image's VOLUME
+            global_settings=None,  # the default intervals
+            rest=f"""
 rule_files: ["bundled:vllm.rules.yml", "bundled:gateway.rules.yml"]
-state_dir: /var/lib/vllm-watchdog
 gateway: {{listen: 127.0.0.1:{gw}, target: vllm-0}}
 include: ["bundled:watchdog.yml"]
-"""
+""",
+        )
     )
     config.chmod(0o644)
     name = unique_name("watchdog-image")

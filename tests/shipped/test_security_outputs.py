@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import target, write_config
 from tests.support.vllm_server import VllmServer, free_port
 from tests.support.watchdogproc import poll
 from vllm_watchdog import logs
@@ -81,23 +82,20 @@ def _config(tmp_path: Path, vllm: VllmServer, port: int, gport: int, fport: int)
     (tmp_path / "sessions.rules.yml").write_text(RULES)
     (tmp_path / "fake_server.py").write_text(FAKE_SERVER)  # a file, not `-c`: args of `-c` cannot be edited
     dead = free_port()  # nothing listens here: notifications stay queued on disk
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {SECRETS["api_token"]}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-0
-    url: "{vllm.url}"
-    canary: {{interval: 2s, timeout: 30s, api_key: "{SECRETS["canary api_key"]}"}}
-  - name: fake
-    url: "http://watchdog:{SECRETS["URL password"]}@127.0.0.1:{fport}"
-    canary: false
-    command: ["{sys.executable}", "{tmp_path / "fake_server.py"}", "--port", "{fport}",
-              "--api-key", "{SECRETS["--api-key on a command line"]}", "--flavour", "a"]
-    env: {{HF_TOKEN: "{SECRETS["secret env value"]}"}}
+    fake = [sys.executable, str(tmp_path / "fake_server.py"), "--port", str(fport)]
+    return write_config(
+        tmp_path,
+        target(vllm.url, canary={"interval": "2s", "timeout": "30s", "api_key": SECRETS["canary api_key"]}),
+        target(
+            f"http://watchdog:{SECRETS['URL password']}@127.0.0.1:{fport}",
+            name="fake",
+            command=[*fake, "--api-key", SECRETS["--api-key on a command line"], "--flavour", "a"],
+            env={"HF_TOKEN": SECRETS["secret env value"]},
+        ),
+        port=port,
+        # Not the shared TOKEN: a value of this run's own, which the test searches every output for.
+        token=SECRETS["api_token"],
+        rest=f"""
 rule_files: [sessions.rules.yml]
 routes:
   - {{match: {{alertname: SessionSeen}}, actions: [breaker]}}
@@ -110,9 +108,8 @@ notifiers:
     url: "http://127.0.0.1:{dead}/hook"
     headers: {{Authorization: "Bearer {SECRETS["notifier header"]}", X-Team: infra}}
 gateway: {{listen: "127.0.0.1:{gport}", target: vllm-0}}
-"""
+""",
     )
-    return cfg
 
 
 def _kill_fake(fport: int) -> None:

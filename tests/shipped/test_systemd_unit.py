@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import target, watchdog_yaml
 from tests.support.systemd_sandbox import NotifySocket, Sandbox
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.cli import build_parser
@@ -334,20 +335,18 @@ def test_watchdog_runs_in_the_units_sandbox(vllm_server: VllmServer, state_dir: 
     api, gw = free_port(), free_port()
     config = state_dir.parent / "config.yml"
     config.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{api}
-api_token: ${{VLLM_WATCHDOG_TOKEN}}
-targets:
-  - name: vllm-0
-    url: {vllm_server.url}
-    canary: {{enabled: true, interval: 2s, timeout: 20s}}
+        watchdog_yaml(
+            target(vllm_server.url, canary={"enabled": True, "interval": "2s", "timeout": "20s"}),
+            port=api,
+            token="${VLLM_WATCHDOG_TOKEN}",  # from the environment, as the unit's EnvironmentFile= gives it
+            state_dir="${STATE_DIRECTORY}",
+            rest=f"""
 gpus: {{nvml: true}}
 rule_files: ["bundled:vllm.rules.yml", "bundled:gateway.rules.yml"]
-state_dir: ${{STATE_DIRECTORY}}
 gateway: {{listen: 127.0.0.1:{gw}, target: vllm-0}}
 include: ["bundled:watchdog.yml"]
-"""
+""",
+        )
     )
     run_dir = state_dir.parent / "run"  # RuntimeDirectory=: the gateway's control socket
     (run_dir / "notify").mkdir(parents=True)
