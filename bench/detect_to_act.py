@@ -184,11 +184,11 @@ async def measure(
 ) -> list[Flood]:
     """Run the watchdog in-process and flood vLLM `args.floods` times."""
     from tests.support.vllm_server import free_port
-    from vllm_watchdog.service.daemon import Daemon
+    from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
     port = free_port()
     config, stub = write_watchdog(tmp, port, vllm_url)
-    daemon = Daemon(str(config), env={}, systemctl=(str(stub),))
+    daemon = Daemon.load(DaemonOptions(str(config), env={}, systemctl=(str(stub),)))
     ready = asyncio.Event()
     task = asyncio.create_task(daemon.run(ready))
     base, floods = f"http://127.0.0.1:{port}", []

@@ -28,7 +28,7 @@ from .promtool.runner import run_rule_tests
 from .redact import Redactor
 from .ruler.files import RuleGroup
 from .scrapelog import ScrapeLogError
-from .service.daemon import Daemon, load_all
+from .service.daemon import Daemon, DaemonOptions, load_all
 from .sources.monitor import Monitor
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
@@ -57,12 +57,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level, fmt=args.log_format)
     raise_open_files_limit()  # first: the listeners size their connection caps from it
     try:
-        daemon = Daemon(
-            args.config,
-            record=args.record,
-            record_max_bytes=args.record_max_bytes,
-            record_keep=args.record_keep,
-            external_gateway=args.external_gateway,
+        daemon = Daemon.load(
+            DaemonOptions(
+                args.config,
+                record=args.record,
+                record_max_bytes=args.record_max_bytes,
+                record_keep=args.record_keep,
+                external_gateway=args.external_gateway,
+            )
         )
         asyncio.run(daemon.run())
     except ConfigError as exc:

@@ -19,7 +19,14 @@ from tests.support.clock import Clock
 from tests.support.fake_nvml import FakeNvml
 from vllm_watchdog.actions.audit import Job
 from vllm_watchdog.actions.power import PowerLimiter
-from vllm_watchdog.actions.remediator import MAX_QUEUED, QUEUE_RAIL, RESPAWN, RESTORE_RECHECK, Remediator
+from vllm_watchdog.actions.remediator import (
+    MAX_QUEUED,
+    QUEUE_RAIL,
+    RESPAWN,
+    RESTORE_RECHECK,
+    Remediator,
+    RemediatorOptions,
+)
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, TargetConfig, parse_config
@@ -149,14 +156,16 @@ def make(
 
     r = Remediator(
         cfg,
-        ActionStore(None),
         {"vllm-0": runtime},
-        ready,  # type: ignore[arg-type]
-        hub=hub,  # type: ignore[arg-type]
-        clock=clock,
-        monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
-        sleep=no_sleep,
-        engine_state=engine_state,
+        RemediatorOptions(
+            ActionStore(None),
+            ready,  # type: ignore[arg-type]
+            hub=hub,  # type: ignore[arg-type]
+            clock=clock,
+            monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
+            sleep=no_sleep,
+            engine_state=engine_state,
+        ),
     )
     r.reconciled.set()
     return r, runtime, ready, hub, clock

@@ -19,7 +19,7 @@ from tests.service.test_daemon import wait_for
 from tests.support.docker_engine import VllmRuntime, remove_container, unique_name, wait_http
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 TOKEN = "docker-e2e"
@@ -87,7 +87,7 @@ async def stack(
         docker_client.containers.run(**kwargs)
         await asyncio.to_thread(wait_http, docker_client, name, f"http://127.0.0.1:{vport}/health", 300)
         cfg = _config(tmp_path, port, name, vport, f"{fault.url}/hook")
-        d = Daemon(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120))
+        d = Daemon.load(DaemonOptions(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120)))
         ready = asyncio.Event()
         task = asyncio.create_task(d.run(ready))
         await asyncio.wait_for(ready.wait(), 30)

@@ -15,7 +15,7 @@ import pytest
 from tests.service.test_daemon import PAYLOAD, wait_for
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
 TOKEN = "ctl-token"
@@ -67,7 +67,7 @@ notifiers:
 dry_run: true
 """
     )
-    d = Daemon(str(cfg), env={}, systemctl=(str(stub),))
+    d = Daemon.load(DaemonOptions(str(cfg), env={}, systemctl=(str(stub),)))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=20, return_when="FIRST_COMPLETED")

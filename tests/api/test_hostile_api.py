@@ -188,13 +188,13 @@ HOLD = 600  # connections a client opens and holds: more than the daemon may hav
 UNCAPPED = """
 import asyncio, sys
 from vllm_watchdog import logs
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.fdlimits import raise_open_files_limit
 from vllm_watchdog.listener import ListenerLimits
 logs.setup("info", fmt="text")
 raise_open_files_limit()
 limits = ListenerLimits(max_connections=100_000, fd_share=1.0, header_timeout=60.0)
-asyncio.run(Daemon(sys.argv[1], api_limits=limits).run())
+asyncio.run(Daemon.load(DaemonOptions(sys.argv[1], api_limits=limits)).run())
 """
 
 

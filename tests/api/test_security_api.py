@@ -27,11 +27,11 @@ from tests.support.docker_engine import ServerContainers, wait_http
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.docker import DockerRuntime
-from vllm_watchdog.api.app import build_app
+from vllm_watchdog.api.app import ApiOptions, build_app
 from vllm_watchdog.api.control import MAX_BODY, READ_METHODS
 from vllm_watchdog.config.model import load_config, parse_config
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
 TOKEN = "security-api-token"
@@ -45,16 +45,18 @@ def _never(*args: Any) -> Any:
 
 def app_routes() -> list[tuple[str, str]]:
     """(method, path) of every route of the app the daemon serves, path parameters filled in."""
+    unused: Any = None  # listing the routes reads none of what they serve
     app = build_app(
-        get_monitor=_never,
-        get_evaluation=_never,
-        registry=CollectorRegistry(),
-        get_token=lambda: TOKEN,
-        reload=_never,
-        is_healthy=_never,
-        get_remediator=_never,
-        clock=time.time,
-        get_gateway=_never,
+        ApiOptions(
+            monitor=unused,
+            evaluation=unused,
+            remediator=unused,
+            registry=CollectorRegistry(),
+            reload=_never,
+            healthy=_never,
+            gateway=unused,
+            clock=time.time,
+        )
     )
     out = []
     for route in app.routes:
@@ -65,7 +67,7 @@ def app_routes() -> list[tuple[str, str]]:
 
 
 async def _start(cfg: Path) -> tuple[Daemon, asyncio.Task[None]]:
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=30, return_when="FIRST_COMPLETED")
@@ -328,7 +330,7 @@ actions:
   restart: {{type: restart, cooldown: 0s, startup_grace: 0s, drain_timeout: 1s, stop_timeout: 5s, ready_timeout: 3s}}
 """
     )
-    d = Daemon(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120))
+    d = Daemon.load(DaemonOptions(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120)))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=30, return_when="FIRST_COMPLETED")

@@ -26,7 +26,7 @@ from vllm_watchdog.actions.rails import Rails
 from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
-from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl
+from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.notifiers.alert import OutgoingAlert
@@ -35,7 +35,7 @@ from vllm_watchdog.notifiers.hub import NotificationHub
 from vllm_watchdog.promql.values import Sample, Vector
 from vllm_watchdog.ruler.alerting import AlertingRule, AlertState
 from vllm_watchdog.ruler.files import Rule
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore
 
@@ -237,8 +237,9 @@ async def gateway(clocks: Clocks, store: ActionStore) -> Any:
     upstream = Upstream()
     config = GatewayConfig(target="vllm-0", upstream=upstream.url, listen_port=free_port(), max_in_flight=8)
     server = GatewayServer(config, monotonic=clocks.mono)
+    link = LocalLink(server, monotonic=clocks.mono)
     control = GatewayControl(
-        LocalLink(server, monotonic=clocks.mono), config, store, clock=clocks.wall, monotonic=clocks.mono
+        config, GatewayControlOptions(link, store, clock=clocks.wall, monotonic=clocks.mono)
     )
     await control.start()
     yield control
@@ -402,7 +403,7 @@ targets: [{{name: vllm-0, url: "{fault.url}", canary: false, health_probe: false
 """
     )
     wall = JumpingWall()
-    daemon = Daemon(str(cfg), env={}, clock=wall)
+    daemon = Daemon.load(DaemonOptions(str(cfg), env={}, clock=wall))
     ready = asyncio.Event()
     task = asyncio.create_task(daemon.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=20, return_when="FIRST_COMPLETED")

@@ -17,11 +17,11 @@ from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.gatewayactions import plan_gateway
 from vllm_watchdog.actions.readiness import ReadyCheck
-from vllm_watchdog.actions.remediator import Remediator
+from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.gateway.feed import GatewayFeed
-from vllm_watchdog.gateway.handle import GatewayControl, window_quantile
+from vllm_watchdog.gateway.handle import GatewayControl, GatewayControlOptions, window_quantile
 from vllm_watchdog.gateway.link import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import HistogramSnapshot
@@ -65,17 +65,29 @@ routes:
 class Rig:
     """A gateway, its control, an action store and a remediator, wired as the action plane wires them."""
 
-    def __init__(self, config: Config, store: ActionStore, clock: Clock) -> None:
+    def __init__(self, config: Config, store: ActionStore | None, clock: Clock) -> None:
         assert config.gateway is not None
+        # A store of its own tells the control of drains, as the action plane's does; a given one (to outlive
+        # this rig) only hands its drains over when the control attaches.
+        store = store or ActionStore(None, on_drain=self._drain_changed)
         self.config, self.store, self.clock = config, store, clock
         self.server = GatewayServer(config.gateway, monotonic=clock)
+        link = LocalLink(self.server, monotonic=clock)
         self.control = GatewayControl(
-            LocalLink(self.server, monotonic=clock), config.gateway, store, clock=clock, monotonic=clock
+            config.gateway, GatewayControlOptions(link, store, clock=clock, monotonic=clock)
         )
         self.client = httpx.AsyncClient()
-        self.remediator = Remediator(config, store, {}, ReadyCheck(self.client), clock=clock, monotonic=clock)
-        self.remediator.gateway = self.control
+        self.remediator = Remediator(
+            config,
+            {},
+            RemediatorOptions(
+                store, ReadyCheck(self.client), gateway=self.control, clock=clock, monotonic=clock
+            ),
+        )
         self.remediator.reconciled.set()
+
+    def _drain_changed(self, target: str, drained: bool) -> None:
+        self.control.on_drain(target, drained)
 
     async def settle(self, outcomes: int) -> list[Any]:
         """Wait (bounded) until `outcomes` finished rows are in the audit log; newest first."""
@@ -101,7 +113,7 @@ async def rig() -> AsyncIterator[Callable[..., Any]]:
     rigs: list[Rig] = []
 
     async def make(store: ActionStore | None = None, clock: Clock | None = None, **kw: Any) -> Rig:
-        r = Rig(_config(upstream.url, **kw), store or ActionStore(None), clock or Clock())
+        r = Rig(_config(upstream.url, **kw), store, clock or Clock())
         await r.control.start()
         rigs.append(r)
         return r

@@ -19,7 +19,7 @@ from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.ruler.evaluation import RuleEvaluation
 from vllm_watchdog.ruler.files import parse_rule_file
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.store import SampleStore, make_labels
 
 RULES = """
@@ -54,7 +54,7 @@ def write(tmp_path: Path, target: str, port: int, extra: str = "") -> Path:
 
 
 async def start(cfg: Path) -> tuple[Daemon, asyncio.Task[None]]:
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=20, return_when="FIRST_COMPLETED")
@@ -229,7 +229,7 @@ def test_test_rules_command_matches_promtool_exit_codes() -> None:
 
 
 async def _record(cfg: Path, port: int, log: Path) -> None:
-    d = Daemon(str(cfg), env={}, record=str(log))
+    d = Daemon.load(DaemonOptions(str(cfg), env={}, record=str(log)))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 20)

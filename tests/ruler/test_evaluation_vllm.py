@@ -12,7 +12,7 @@ import pytest
 
 from tests.service.test_daemon import wait_for
 from tests.support.vllm_server import VllmServer, free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 FLOOD = 10  # requests; with --max-num-seqs 1 all but one wait
@@ -62,7 +62,7 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
         f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: false}}]\n"
         "rule_files: [queue.rules.yml]\n"
     )
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 30)

@@ -18,7 +18,7 @@ from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
 PAYLOAD = 'vllm:num_requests_waiting{model_name="m"} 3\nvllm:num_requests_running{model_name="m"} 1\n'
@@ -60,7 +60,7 @@ async def daemon(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Daem
     fault.vllm_like(PAYLOAD)
     port = free_port()
     cfg = write_config(tmp_path, fault.url, port)
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=20, return_when="FIRST_COMPLETED")
@@ -111,12 +111,11 @@ async def test_jobs_have_no_drifting_jitter_and_coalesced_runs_count_as_missed(
     daemon: tuple[Daemon, str, Path],
 ) -> None:
     d, base, _ = daemon
-    assert d.scheduler is not None
-    jobs = d.scheduler.get_jobs()
+    jobs = d.schedule.scheduler.get_jobs()
     assert {j.id for j in jobs} >= {"scrape:vllm-0", "health:vllm-0", "canary:vllm-0", "gc"}
     assert all(j.trigger.jitter is None for j in jobs)
     due = [datetime.fromtimestamp(t, tz=timezone.utc) for t in (1.0, 2.0, 3.0)]
-    d._on_submitted(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "scrape:vllm-0", None, due))
+    d.schedule._on_submitted(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "scrape:vllm-0", None, due))
     async with httpx.AsyncClient() as client:
         metrics = (await client.get(base + "/metrics")).text
     assert 'vllm_watchdog_missed_deadlines_total{job="scrape"} 2.0' in metrics
@@ -147,14 +146,14 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
         f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, dry_run, gateway, global, gpus, include, listen, notifiers, routes, "
         "rule_backend, rule_files, state_dir, targets)"
     ]
-    assert [t for t in d._monitor().targets] == ["vllm-0"]
+    assert [t for t in d.monitor.targets] == ["vllm-0"]
     async with httpx.AsyncClient() as client:
         metrics = (await client.get(base + "/metrics")).text
     assert "vllm_watchdog_config_last_reload_successful 0.0" in metrics
     assert "vllm_watchdog_config_errors 1.0" in metrics
     cfg.write_text(good.replace("name: vllm-0", "name: vllm-renamed"))
     ok, _ = await d.reload()
-    assert ok and list(d._monitor().targets) == ["vllm-renamed"]
+    assert ok and list(d.monitor.targets) == ["vllm-renamed"]
 
 
 def test_run_sigterm_sighup_sdnotify_and_json_logs(tmp_path: Path, fault: FaultServer) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.service.test_daemon import wait_for
 from tests.support.vllm_server import VllmServer, free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
@@ -33,7 +33,7 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
         f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: {{interval: 2s, timeout: 20s}}}}]\n"
         "rule_files: ['bundled:vllm.rules.yml']\n"
     )
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 30)

@@ -13,7 +13,7 @@ from tests.support.fake_nvml import FakeNvml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.gpu import GpuCollector
 from vllm_watchdog.sources.monitor import Monitor
 from vllm_watchdog.sources.nvml import NvmlSource
@@ -72,7 +72,7 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
         f"gpus: {{nvml: true, dcgm_url: '{fault.url}/dcgm'}}\n"
     )
     fake = FakeNvml(gpus=1)
-    d = Daemon(str(cfg), env={}, nvml=fake)
+    d = Daemon.load(DaemonOptions(str(cfg), env={}, nvml=fake))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 20)

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from tests.service.test_daemon import PAYLOAD, wait_for, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.selffeed import SelfFeed
 from vllm_watchdog.store import SampleStore, labels_dict
 
@@ -103,7 +103,7 @@ async def test_in_process_rules_see_the_watchdogs_own_metrics(tmp_path: Path, fa
     (tmp_path / "self.rules.yml").write_text(RULES)
     port = free_port()
     cfg = write_config(tmp_path, fault.url, port, "rule_files: [self.rules.yml]\n")
-    d = Daemon(str(cfg), env={})
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 20)

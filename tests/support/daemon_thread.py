@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.support.vllm_server import free_port
 from vllm_watchdog.listener import ListenerLimits
-from vllm_watchdog.service.daemon import Daemon
+from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 
 def raise_nofile() -> None:
@@ -30,7 +30,8 @@ class DaemonThread:
             + f"listen: 127.0.0.1:{self.port}\nstate_dir: {tmp / 'state'}\ndry_run: true\n"
             f"targets:\n  - {{name: vllm-0, url: 'http://127.0.0.1:{free_port()}', canary: false}}\n"
         )
-        self.daemon = Daemon(str(cfg), env={}, api_limits=limits)
+        self._options = DaemonOptions(str(cfg), env={}, api_limits=limits)
+        self.daemon: Daemon  # built on the daemon's thread, before __enter__ returns
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -40,6 +41,8 @@ class DaemonThread:
         asyncio.set_event_loop(self._loop)
 
         async def main() -> None:
+            # Built on this thread: its SQLite connections may be used only where they were opened.
+            self.daemon = Daemon.load(self._options)
             ready = asyncio.Event()
             task = asyncio.create_task(self.daemon.run(ready))
             await asyncio.wait([task, asyncio.create_task(ready.wait())], return_when="FIRST_COMPLETED")

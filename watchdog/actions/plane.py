@@ -6,7 +6,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ import httpx
 from ..background import Background
 from ..config.model import Config, TargetConfig
 from ..gateway.config import GatewayConfig
-from ..gateway.handle import GatewayControl
+from ..gateway.handle import GatewayControl, GatewayControlOptions
 from ..gateway.link import GatewayLink
 from ..gateway.process import process_link
 from ..gateway.snapshot import GatewaySnapshot
@@ -25,7 +26,7 @@ from ..promql.values import QueryError, Vector
 from ..statehealth import StateHealth
 from .power import PowerLimiter
 from .readiness import ReadyCheck
-from .remediator import Remediator
+from .remediator import Remediator, RemediatorOptions
 from .runtime import Runtime
 from .state import ACTIONS_DB, ActionStore
 from .targetruntimes import build_runtimes
@@ -34,44 +35,57 @@ log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"
 
 
-def _docker_from_env() -> Any:
+def docker_from_env() -> Any:
+    """A Docker client from the environment (DOCKER_HOST, the local socket)."""
     import docker  # noqa: PLC0415  # only hosts with docker-mode targets need the engine
 
     return docker.from_env(timeout=120)
 
 
+def _not_paused(target: str, now: float) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class ActionPlaneOptions:
+    """What an ActionPlane is wired to: the rule engine it queries, HTTP clients, NVML, Docker, systemctl, the
+    clocks, how it reaches a gateway process, and the monitor's view of each engine."""
+
+    engine: Callable[[], Engine]  # the current one: a reload replaces it
+    client_factory: Callable[[], httpx.AsyncClient]
+    nvml: Any | None = None
+    docker_client: Callable[[], Any] = docker_from_env
+    systemctl: tuple[str, ...] = ("systemctl",)
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link
+    # Why a target's engine is paused or asleep on purpose ("" if it is not): the monitor's view.
+    engine_state: Callable[[str, float], str] = _not_paused
+
+
 class ActionPlane:
     """Owns the action state database, the notification hub, one runtime per target and the remediator."""
 
-    def __init__(
-        self,
-        config: Config,
-        engine: Callable[[], Engine],
-        client_factory: Callable[[], httpx.AsyncClient],
-        *,
-        nvml: Any | None = None,
-        docker_client: Callable[[], Any] = _docker_from_env,
-        systemctl: Sequence[str] = ("systemctl",),
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link,
-        engine_state: Callable[[str, float], str] = lambda _, __: "",
-    ) -> None:
+    def __init__(self, config: Config, options: ActionPlaneOptions) -> None:
         self.config = config
-        self.engine = engine
-        self.clock = clock
-        self.monotonic = monotonic
-        self.docker_client = docker_client
-        self.systemctl = tuple(systemctl)
+        self.engine = options.engine
+        self.clock = clock = options.clock
+        self.monotonic = monotonic = options.monotonic
+        self.docker_client = options.docker_client
+        self.systemctl = options.systemctl
         state = config.state_dir
         # An unwritable state_dir must not stop monitoring: the stores fall back to memory, and disruptive
         # actions are refused until it can be written (see statehealth).
         self.health = StateHealth(state) if state else None
         if self.health is not None:
             self.health.check(monotonic())
-        self.store = ActionStore(os.path.join(state, ACTIONS_DB) if state else None, health=self.health)
+        self.store = ActionStore(
+            os.path.join(state, ACTIONS_DB) if state else None,
+            health=self.health,
+            on_drain=self._drain_changed,
+        )
         self._deferred = False  # start-up reconcile and process starts wait for a writable state_dir
-        self.client = client_factory()
+        self.client = options.client_factory()
         self.hub = NotificationHub(
             config.notifiers,
             os.path.join(state, NOTIFY_DB) if state else None,
@@ -81,37 +95,49 @@ class ActionPlane:
             state_health=self.health,
         )
         self.hub.external_labels = config.global_.external_labels
+        nvml = options.nvml
         self.power = PowerLimiter(nvml) if config.gpus.nvml and nvml is not None else None
         self.runtimes: dict[str, tuple[TargetConfig, Runtime]] = self._runtimes(config, None)
-        self.remediator = Remediator(
-            config,
-            self.store,
-            {k: v[1] for k, v in self.runtimes.items()},
-            ReadyCheck(self.client),
-            hub=self.hub,
-            power=self.power,
-            running_requests=self.running_requests,
-            engine_state=engine_state,  # the monitor's: is a target's engine paused or asleep on purpose?
-            clock=clock,
-            monotonic=monotonic,
-            state=self.health,
-        )
         self._background = Background()
         self.gateway: GatewayControl | None = None
         if config.gateway is not None:
             target = config.gateway.target
+            link = options.gateway_link(config.gateway, config.state_dir)
+            queue_time = (
+                "histogram_quantile(0.9, sum by (le) "
+                f'(rate(vllm:request_queue_time_seconds_bucket{{instance="{target}"}}[30s])))'
+            )
             self.gateway = GatewayControl(
-                gateway_link(config.gateway, config.state_dir),
                 config.gateway,
-                self.store,
-                clock=clock,
-                monotonic=monotonic,
-                queue_time=lambda: self.query_value(
-                    "histogram_quantile(0.9, sum by (le) "
-                    f'(rate(vllm:request_queue_time_seconds_bucket{{instance="{target}"}}[30s])))'
+                GatewayControlOptions(
+                    link,
+                    self.store,
+                    clock=clock,
+                    monotonic=monotonic,
+                    queue_time=lambda: self.query_value(queue_time),
                 ),
             )
-        self.remediator.gateway = self.gateway
+        self.remediator = Remediator(
+            config,
+            {k: v[1] for k, v in self.runtimes.items()},
+            RemediatorOptions(
+                self.store,
+                ReadyCheck(self.client),
+                hub=self.hub,
+                power=self.power,
+                gateway=self.gateway,
+                running_requests=self.running_requests,
+                engine_state=options.engine_state,
+                clock=clock,
+                monotonic=monotonic,
+                state=self.health,
+            ),
+        )
+
+    def _drain_changed(self, target: str, drained: bool) -> None:
+        """The action store's drain hook: the gateway follows the flag of the target it fronts."""
+        if self.gateway is not None:
+            self.gateway.on_drain(target, drained)
 
     def _runtimes(
         self, config: Config, previous: dict[str, tuple[TargetConfig, Runtime]] | None

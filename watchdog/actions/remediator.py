@@ -7,6 +7,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..config.model import Config, TargetConfig
@@ -52,44 +53,55 @@ RESPAWN = ActionConfig(
 )
 
 
+def _unknown_requests(target: str) -> float | None:
+    return None
+
+
+def _not_paused(target: str, now: float) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class RemediatorOptions:
+    """What a Remediator is wired to: the action store, readiness checks, notifiers, NVML power, the gateway
+    that fronts a target (if any), the monitor's view of each engine, clocks, and the state_dir's health."""
+
+    store: ActionStore
+    ready: ReadyCheck
+    hub: NotificationHub | None = None
+    power: Any | None = None
+    gateway: Gateway | None = None
+    running_requests: Callable[[str], float | None] = _unknown_requests
+    engine_state: Callable[[str, float], str] = _not_paused  # why an engine is paused or asleep on purpose
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    state: StateHealth | None = None  # a disruptive action that cannot be recorded is refused
+
+
 class Remediator:
     """Owns the action queues, the rails and the audit log for the targets of the current config."""
 
-    def __init__(
-        self,
-        config: Config,
-        store: ActionStore,
-        runtimes: Mapping[str, Runtime],
-        ready: ReadyCheck,
-        *,
-        hub: NotificationHub | None = None,
-        power: Any | None = None,
-        running_requests: Callable[[str], float | None] = lambda _: None,
-        engine_state: Callable[[str, float], str] = lambda _, __: "",
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        state: StateHealth | None = None,
-    ) -> None:
+    def __init__(self, config: Config, runtimes: Mapping[str, Runtime], options: RemediatorOptions) -> None:
         self.config = config
-        self.store = store
-        self.state = state  # the state_dir's health: a disruptive action that cannot be recorded is refused
-        self.rails = Rails(store, monotonic=monotonic)
+        self.store = store = options.store
+        self.state = options.state
+        self.rails = Rails(store, monotonic=options.monotonic)
         self.runtimes = dict(runtimes)
-        self.ready = ready
-        self.hub = hub
-        self.power = power
-        self.gateway: Gateway | None = None  # the admission gateway, when one fronts a target
-        self.running_requests = running_requests
-        self.engine_state = engine_state  # why a target's engine is paused or asleep on purpose ("" if not)
-        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
+        self.ready = options.ready
+        self.hub = options.hub
+        self.power = options.power
+        self.gateway = options.gateway
+        self.running_requests = options.running_requests
+        self.engine_state = options.engine_state
+        self.clock, self.monotonic, self.sleep = options.clock, options.monotonic, options.sleep
         self.alerts = WatchdogAlerts(self.rails)
         self.retries = Retries(store)
         self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
         self.queues: dict[str, deque[Job]] = {}
         self.current: dict[str, Job] = {}
         self.workers: dict[str, asyncio.Task[None]] = {}
-        self.audit = Audit(store, hub, self._dry)
+        self.audit = Audit(store, self.hub, self._dry)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
 

@@ -214,10 +214,16 @@ class ActionStore(FileOrMemory):
     """The remediation state database; `path` None keeps it in memory. Use it from one thread. `health`
     is told when the file cannot be written and moves the store back to it (see statehealth)."""
 
-    def __init__(self, path: str | None, *, health: StateHealth | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        health: StateHealth | None = None,
+        on_drain: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self.path = path
         self.moved_aside: Path | None = None  # where an unusable file went, if one did
-        self.on_drain: Callable[[str, bool], None] | None = None  # told of every drain change (the gateway)
+        self.on_drain = on_drain  # told of every drain change (the gateway)
         self._file: FallbackDB | None = None
         if path is None:
             self._memory = _connect(":memory:")

@@ -7,7 +7,9 @@ that changes state goes through `ControlGuard` (bearer token, bounded bodies).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -47,22 +49,28 @@ def _value(v: float) -> str:
     return repr(v)
 
 
-def build_app(
-    get_monitor: Callable[[], Monitor],
-    get_evaluation: Callable[[], RuleEvaluation],
-    registry: CollectorRegistry,
-    get_token: Callable[[], str | None],
-    reload: Callable[[], Awaitable[tuple[bool, list[str]]]],
-    is_healthy: Callable[[], bool],
-    get_remediator: Callable[[], Remediator],
-    clock: Callable[[], float],
-    get_gateway: Callable[[], GatewayControl | None] = lambda: None,
-) -> Starlette:
-    """The Starlette app; callables read live state so that reloads take effect at once."""
+@dataclass(frozen=True)
+class ApiOptions:
+    """What the own API serves: the live monitor, rules and actions (each reads its current config, so a
+    reload takes effect at once), the own metrics, and the daemon's reload and health check."""
+
+    monitor: Monitor
+    evaluation: RuleEvaluation
+    remediator: Remediator
+    registry: CollectorRegistry
+    reload: Callable[[], Awaitable[tuple[bool, list[str]]]]
+    healthy: Callable[[], bool]
+    gateway: GatewayControl | None = None
+    clock: Callable[[], float] = time.time
+
+
+def build_app(options: ApiOptions) -> Starlette:
+    """The Starlette app; the bearer token and the redaction follow the monitor's current config."""
+    monitor, evaluation, registry = options.monitor, options.evaluation, options.registry
     redactors = ConfigRedactors()
 
     def redactor() -> Redactor:
-        return redactors.get(get_monitor().config)
+        return redactors.get(monitor.config)
 
     def answer(data: Any) -> JSONResponse:
         return JSONAnswer(redactor().value(data))
@@ -71,14 +79,13 @@ def build_app(
         return Response(redactor().bytes(generate_latest(registry)), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
-        if is_healthy():
+        if options.healthy():
             return JSONAnswer({"status": "ok"})
         return error_response(503, "scheduler is not running")
 
     async def targets(request: Request) -> Response:
-        m = get_monitor()
         out: list[dict[str, Any]] = []
-        for rt in m.targets.values():
+        for rt in monitor.targets.values():
             st, h = rt.scrape.status, rt.health.status
             canary = rt.canary.status if rt.canary is not None else None
             out.append(
@@ -115,7 +122,7 @@ def build_app(
             selector = parse_selector(match)
         except ValueError as exc:
             return error_response(400, str(exc))
-        found = selector.select(get_monitor().store)
+        found = selector.select(monitor.store)
         if len(found) > MAX_SERIES:
             return error_response(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
         red = redactor()
@@ -132,21 +139,25 @@ def build_app(
         return JSONAnswer({"status": "success", "data": data})
 
     async def alerts(request: Request) -> Response:
-        return answer(get_evaluation().manager.alerts_json())
+        return answer(evaluation.manager.alerts_json())
 
     async def rules(request: Request) -> Response:
-        return answer(get_evaluation().manager.rules_json())
+        return answer(evaluation.manager.rules_json())
 
     async def do_reload(request: Request) -> Response:
         await request.body()  # none is expected; reading it enforces the limit on a chunked one
-        ok, problems = await reload()
+        ok, problems = await options.reload()
         if ok:
             return JSONAnswer({"status": "success"})
         return JSONAnswer({"status": "error", "errors": redactor().value(problems)}, status_code=422)
 
     return Starlette(
         middleware=[
-            Middleware(ControlGuard, get_token=get_token, limits={"/-/reload": MAX_CONTROL_BODY}),
+            Middleware(
+                ControlGuard,
+                get_token=lambda: monitor.config.api_token,
+                limits={"/-/reload": MAX_CONTROL_BODY},
+            ),
         ],
         exception_handlers={BadRequest: bad_request, ChannelError: gateway_unreachable},
         routes=[
@@ -157,6 +168,6 @@ def build_app(
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
-            *control_routes(get_remediator, clock, get_gateway, redactor),
+            *control_routes(options.remediator, options.gateway, options.clock, redactor),
         ],
     )

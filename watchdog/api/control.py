@@ -270,9 +270,9 @@ def _silence_matchers(value: object) -> list[dict[str, str]]:
 
 
 def control_routes(
-    get_remediator: Callable[[], Remediator],
+    remediator: Remediator,
+    gateway: GatewayControl | None,
     clock: Callable[[], float],
-    get_gateway: Callable[[], GatewayControl | None] = lambda: None,
     get_redactor: Callable[[], Redactor] = Redactor,
 ) -> list[Route]:
     """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
@@ -282,16 +282,16 @@ def control_routes(
 
     async def actions(request: Request) -> Response:
         limit = query_int(request, "limit", 100, 1, MAX_HISTORY)
-        return answer(get_remediator().status_json(clock(), limit=limit))
+        return answer(remediator.status_json(clock(), limit=limit))
 
     async def pause(request: Request) -> Response:
         body = await _body(request)
         reason = _string(body, "reason", default="maintenance")
-        get_remediator().store.set_paused(True, reason, clock())
+        remediator.store.set_paused(True, reason, clock())
         return JSONAnswer({"status": "success", "paused": True, "reason": reason})
 
     async def resume(request: Request) -> Response:
-        get_remediator().store.set_paused(False, "", clock())
+        remediator.store.set_paused(False, "", clock())
         return JSONAnswer({"status": "success", "paused": False})
 
     async def add_silence(request: Request) -> Response:
@@ -307,7 +307,7 @@ def control_routes(
         if ends <= now:
             raise BadRequest("endsAt: must be in the future")
         starts = _time(body.get("startsAt"), "startsAt") or now
-        store = get_remediator().store
+        store = remediator.store
         sid = store.add_silence(
             matchers,
             starts,
@@ -319,11 +319,11 @@ def control_routes(
         return JSONAnswer({"status": "success", "silenceID": sid})
 
     async def list_silences(request: Request) -> Response:
-        silences = get_remediator().store.silences(clock(), active_only=False)
+        silences = remediator.store.silences(clock(), active_only=False)
         return answer({"status": "success", "data": [s.to_json() for s in silences]})
 
     async def expire_silence(request: Request) -> Response:
-        if not get_remediator().store.expire_silence(request.path_params["sid"], clock()):
+        if not remediator.store.expire_silence(request.path_params["sid"], clock()):
             return error_response(404, "no such active silence")
         return JSONAnswer({"status": "success"})
 
@@ -333,7 +333,7 @@ def control_routes(
         if target is not None and not isinstance(target, str):
             raise BadRequest("target: must be a string")
         try:
-            job = get_remediator().run_manual(request.path_params["name"], target)
+            job = remediator.run_manual(request.path_params["name"], target)
         except ValueError as exc:
             return error_response(404, str(exc))
         if not body.get("wait", False) or job.done is None:
@@ -351,18 +351,16 @@ def control_routes(
             )
             return error_response(413, message)
         alerts = inbound_alerts(body, clock())
-        queued = get_remediator().handle(alerts, clock(), trigger="inbound")
+        queued = remediator.handle(alerts, clock(), trigger="inbound")
         return JSONAnswer({"status": "success", "alerts": len(alerts), "queued": queued})
 
     async def gateway_status(request: Request) -> Response:
-        gw = get_gateway()
-        if gw is None:
+        if gateway is None:
             return error_response(404, "no gateway configured")
-        return answer({"status": "success", "data": await gw.status_json()})
+        return answer({"status": "success", "data": await gateway.status_json()})
 
     async def open_breaker(request: Request) -> Response:
-        gw = get_gateway()
-        if gw is None:
+        if gateway is None:
             return error_response(404, "no gateway configured")
         body = await _body(request)
         session = _string(body, "session")
@@ -370,20 +368,19 @@ def control_routes(
             raise BadRequest("session: must not be empty")
         try:
             given = _string(body, "duration", default="")
-            duration = parse_duration(given) if given else gw.breaker_default
+            duration = parse_duration(given) if given else gateway.breaker_default
         except ValueError as exc:
             raise BadRequest(f"duration: {exc}") from None
         if duration <= 0:
             raise BadRequest("duration: must be greater than 0")
         reason = _string(body, "reason", default="opened by an operator")
-        await gw.open_breaker(session, duration, reason)
+        await gateway.open_breaker(session, duration, reason)
         return JSONAnswer({"status": "success", "session": session, "seconds": duration})
 
     async def close_breaker(request: Request) -> Response:
-        gw = get_gateway()
-        if gw is None:
+        if gateway is None:
             return error_response(404, "no gateway configured")
-        await gw.close_breaker(request.path_params["session"])
+        await gateway.close_breaker(request.path_params["session"])
         return JSONAnswer({"status": "success"})
 
     return [

@@ -13,6 +13,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..actions.state import ActionStore
@@ -41,24 +42,31 @@ def window_quantile(q: float, old: HistogramSnapshot, new: HistogramSnapshot) ->
     return histogram_quantile(q, [(le, float(n - o)) for le, n, o in increase])
 
 
+def _no_queue_time() -> float | None:
+    return None
+
+
+@dataclass(frozen=True)
+class GatewayControlOptions:
+    """What a GatewayControl is wired to: the link to the gateway process, the store its state is kept in,
+    the clocks, and vLLM's own recent queue time (p90) for the adaptive throttle."""
+
+    link: GatewayLink
+    store: ActionStore
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    queue_time: Callable[[], float | None] = _no_queue_time
+
+
 class GatewayControl:
     """Steers one gateway: throttle holds and releases, session breakers, drains; persists what it set."""
 
-    def __init__(
-        self,
-        link: GatewayLink,
-        config: GatewayConfig,
-        store: ActionStore,
-        *,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        queue_time: Callable[[], float | None] = lambda: None,
-    ) -> None:
-        self.link = link
+    def __init__(self, config: GatewayConfig, options: GatewayControlOptions) -> None:
+        self.link = options.link
         self.config = config
-        self.queue_time = queue_time  # vLLM's own recent queue time (p90), for the adaptive throttle
-        self.store = store
-        self.clock, self.monotonic = clock, monotonic
+        self.queue_time = options.queue_time
+        self.store = options.store
+        self.clock, self.monotonic = options.clock, options.monotonic
         self.target = config.target
         self.breaker_default = config.sessions.breaker_duration
         self.snapshot: GatewaySnapshot | None = None
@@ -69,6 +77,7 @@ class GatewayControl:
         self._holds_seen: dict[str, float] = {}  # hold key -> when its alert last asked (monotonic)
         self._history: deque[tuple[float, HistogramSnapshot]] = deque()  # (when, time-to-first-byte)
         self._persisted = ""
+        self._following = False  # drain flags reach the gateway from start() until aclose()
         self._background = Background()
 
     @property
@@ -82,7 +91,7 @@ class GatewayControl:
 
     async def start(self) -> None:
         """Start (or adopt) the gateway; a new one gets the throttle, breakers and drain left before."""
-        self.store.on_drain = self.on_drain
+        self._following = True
         try:
             hello = await self.link.attach()
         except OSError as exc:
@@ -226,8 +235,8 @@ class GatewayControl:
         self._in_flight = int(await self._request("set_drain", {"drained": drained}))
 
     def on_drain(self, target: str, drained: bool) -> None:
-        """The action store's drain hook: follow the flag for our target."""
-        if target == self.target:
+        """The action store's drain hook: follow the flag for our target while started."""
+        if self._following and target == self.target:
             self._background.spawn(self.set_drain(drained))
 
     def in_flight(self) -> int:
@@ -333,6 +342,6 @@ class GatewayControl:
 
     async def aclose(self, grace: float) -> None:
         """Stop the gateway: no new connections, in-flight requests get `grace` seconds."""
-        self.store.on_drain = None
+        self._following = False
         await self._background.wait(grace)
         await self.link.stop(grace)

@@ -1,0 +1,43 @@
+"""The own API's HTTP server: uvicorn on the daemon's loop, behind a listener that caps connections."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.applications import Starlette
+
+from ..listener import Listener, ListenerLimits
+
+# The own API serves a few scrapers, probes and operators: a small cap, and headers within 10 s.
+API_LIMITS = ListenerLimits(max_connections=512, header_timeout=10.0)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon owns SIGTERM/SIGHUP."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def api_error_body(status: int, reason: str, message: str) -> bytes:
+    """The own API's JSON error (as control.error_response writes it), for the listener's refusals."""
+    return json.dumps({"status": "error", "error": message, "reason": reason}).encode()
+
+
+def api_server(app: Starlette, host: str, port: int, listener: Listener) -> uvicorn.Server:
+    """A server for `app` on host:port that `serve(sockets=...)` starts; `listener` caps its connections."""
+    return _EmbeddedServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            http=listener.protocol(),  # connection cap, header deadline and size (431)
+        )
+    )
