@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -13,12 +13,12 @@ from .plane import ActionPlane
 class ActionCollector(Collector):
     """Families built from the action plane's live state at scrape time."""
 
-    def __init__(self, plane: Callable[[], ActionPlane]) -> None:
+    def __init__(self, plane: ActionPlane) -> None:
         self.plane = plane
 
     def collect(self) -> Iterator[Metric]:
         """Build every family."""
-        p = self.plane()
+        p = self.plane
         r = p.remediator
         now = p.clock()
         total = CounterMetricFamily(

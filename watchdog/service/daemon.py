@@ -131,8 +131,8 @@ class Daemon:
         self.gateway_feed = GatewayFeed(mon.store)
         registry = CollectorRegistry(auto_describe=False)
         own = (
-            WatchdogCollector(mon, self.counters, self.evaluation, lambda: actions.health),
-            ActionCollector(lambda: actions),
+            WatchdogCollector(mon, self.counters, self.evaluation, actions.health),
+            ActionCollector(actions),
         )
         for collector in own:
             registry.register(collector)

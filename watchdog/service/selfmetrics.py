@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,7 +44,7 @@ class WatchdogCollector(Collector):
         monitor: Monitor,
         counters: DaemonCounters,
         evaluation: RuleEvaluation | None = None,
-        state: Callable[[], StateHealth | None] = lambda: None,
+        state: StateHealth | None = None,
     ) -> None:
         self.monitor = monitor
         self.counters = counters
@@ -107,7 +107,7 @@ class WatchdogCollector(Collector):
         if self.evaluation is not None:
             yield from _alerts(self.evaluation)
             yield from _evaluations(self.evaluation)
-        health = self.state()
+        health = self.state
         if health is not None:
             alerts = self.evaluation.manager.persistence_errors if self.evaluation is not None else 0
             yield from _state(health, alerts)
