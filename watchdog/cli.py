@@ -1,35 +1,28 @@
 """The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay and top."""
 
+# Each handler imports what only its sub-command uses: `--version`, `check` and `test-rules` (CI runs it once
+# per file) then start without the daemon, the gateway, an HTTP client or asyncio (tests/test_cli_imports.py).
+# ruff: noqa: PLC0415
+
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, logs
-from .commands.replay import print_transitions, run_replay, summary
-from .commands.top import run_top
 from .config.durations import parse_size
-from .config.model import Config
 from .errors import ConfigError
-from .fdlimits import raise_open_files_limit
-from .promql.compile import compile_expr
-from .promql.engine import Engine
-from .promql.remote import backend_for
-from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
-from .promtool.runner import run_rule_tests
 from .redact import Redactor
-from .ruler.files import RuleGroup
-from .scrapelog import ScrapeLogError
-from .service.daemon import Daemon, DaemonOptions, load_all
-from .sources.monitor import Monitor
+
+if TYPE_CHECKING:
+    from .config.model import Config
+    from .ruler.files import RuleGroup
+    from .sources.monitor import Monitor
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
@@ -45,6 +38,8 @@ def _print_problems(exc: ConfigError) -> None:
 
 def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | None:
     """Config and rules of --config, or None after printing every problem."""
+    from .service.loading import load_all
+
     try:
         return load_all(args.config, os.environ)
     except ConfigError as exc:
@@ -54,6 +49,11 @@ def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | No
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
+    import asyncio
+
+    from .fdlimits import raise_open_files_limit
+    from .service.daemon import Daemon, DaemonOptions
+
     logs.setup(args.log_level, fmt=args.log_format)
     raise_open_files_limit()  # first: the listeners size their connection caps from it
     try:
@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Run the gateway process alone (systemd's vllm-watchdog-gateway.service, compose's gateway service)."""
-    from .gateway.process import main as gateway_main  # noqa: PLC0415 - the gateway imports no daemon code
+    from .gateway.process import main as gateway_main  # the gateway imports no daemon code
 
     argv = ["--log-level", args.log_level]
     if args.config:
@@ -121,6 +121,13 @@ def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Scrape every target once, evaluate one expression, and print the result."""
+    import asyncio
+
+    from .promql.compile import compile_expr
+    from .promql.engine import Engine
+    from .promql.remote import backend_for
+    from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+
     logs.setup("error", fmt="text")
     loaded = _load(args)
     if loaded is None:
@@ -155,12 +162,16 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_test_rules(args: argparse.Namespace) -> int:
     """Run rule unit tests written for `promtool test rules`."""
+    from .promtool.runner import run_rule_tests
+
     logs.setup("error", fmt="text")
     return run_rule_tests(list(args.files), sys.stdout, sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a recorded scrape log through the rules and print the alert timeline (and plot it)."""
+    from .commands.replay import run_replay
+
     logs.setup("error", fmt="text")
     if args.audit and not args.plot:
         print("vllm-watchdog: --audit marks actions on the plot: give --plot too", file=sys.stderr)
@@ -175,7 +186,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]) -> int:
-    from .commands.plot import PlotError, build_timeline, render_png  # noqa: PLC0415 (only `--plot` needs it)
+    from .commands.plot import PlotError, build_timeline, render_png  # only `--plot` needs matplotlib
+    from .commands.replay import print_transitions, summary
+    from .scrapelog import ScrapeLogError
 
     try:
         timeline, rp = build_timeline(
@@ -195,6 +208,8 @@ def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]
 
 def cmd_top(args: argparse.Namespace) -> int:
     """A live table of targets, gateway, alerts and actions, read from a running watchdog's API."""
+    from .commands.top import run_top
+
     color = sys.stdout.isatty() and not args.no_color
     return run_top(
         args.url,
@@ -208,6 +223,12 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 async def _scrape_once(config: Config) -> Monitor:
+    import asyncio
+
+    import httpx
+
+    from .sources.monitor import Monitor
+
     monitor = Monitor(config, (), client_factory=lambda: httpx.AsyncClient(trust_env=False), keep_all=True)
     try:
         now = time.time()
@@ -232,6 +253,8 @@ def _fmt_probe(ok: bool | None, latency: float) -> str:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     """Scrape every target once and print a table of their state."""
+    import asyncio
+
     logs.setup("error", fmt="text")
     loaded = _load(args)
     if loaded is None:

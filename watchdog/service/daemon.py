@@ -24,7 +24,7 @@ from ..actions.metrics import ActionCollector
 from ..actions.plane import ActionPlane, ActionPlaneOptions, docker_from_env
 from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
-from ..config.model import Config, load_config
+from ..config.model import Config
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
 from ..gateway.config import GatewayConfig
@@ -35,7 +35,7 @@ from ..gateway.process import process_link
 from ..listener import Listener, ListenerCollector, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation
-from ..ruler.files import RuleGroup, load_rule_files
+from ..ruler.files import RuleGroup
 from ..scrapelog import ScrapeLog
 from ..sdnotify import Notifier
 from ..sources.gpu import GpuCollector
@@ -43,6 +43,7 @@ from ..sources.monitor import Monitor
 from ..sources.nvml import NvmlSource
 from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
+from .loading import load_all
 from .schedule import Job, Schedule
 from .selfmetrics import DaemonCounters, WatchdogCollector
 
@@ -50,19 +51,6 @@ log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
 SHUTDOWN_GRACE = 3.0
 GATEWAY_JOB = "vllm-watchdog-gateway"  # the job label of the gateway's series in a scrape log (run --record)
-
-
-def load_all(path: str | None, env: Mapping[str, str]) -> tuple[Config, tuple[RuleGroup, ...]]:
-    """Load config and every rule file it names; one ConfigError carries all problems."""
-    try:
-        config = load_config(path, env)
-    except ConfigError as exc:
-        try:
-            load_rule_files(exc.rule_files)
-        except ConfigError as rules_exc:
-            raise ConfigError(exc.problems + rules_exc.problems) from exc
-        raise
-    return config, load_rule_files(config.rule_files)
 
 
 @dataclass(frozen=True)

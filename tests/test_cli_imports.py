@@ -1,0 +1,104 @@
+"""`--version`, `check` and `test-rules` start fast: they import neither the daemon, the gateway nor their stacks.
+
+CI runs `test-rules` once per rule test file, so what these commands import is paid on every run. Each case
+runs the command in a fresh interpreter (through `cli.main`, as the console script does) and reads back
+which modules it imported. No timing is asserted; bench/startup.py measures the time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RULE_TEST = ROOT / "rules" / "tests" / "gateway.rules.test.yml"
+
+# Runs `vllm-watchdog ARGS...` in this interpreter and prints its exit code, output and sys.modules as JSON.
+_RUN = """
+import contextlib, io, json, sys
+from vllm_watchdog.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        rc = main(sys.argv[1:])
+    except SystemExit as exc:  # --version exits from argparse
+        rc = exc.code
+print(json.dumps({"rc": rc, "out": out.getvalue(), "modules": sorted(sys.modules)}))
+"""
+
+# None of these is needed to validate a config or run rule unit tests: the daemon and what it wires, the
+# gateway's server, the HTTP stacks (server and client), the scheduler, Docker and plotting.
+NEVER = (
+    "vllm_watchdog.service.daemon",
+    "vllm_watchdog.gateway.server",
+    "vllm_watchdog.gateway.process",
+    "vllm_watchdog.api.app",
+    "vllm_watchdog.actions.plane",
+    "vllm_watchdog.sources.monitor",
+    "vllm_watchdog.promql.remote",
+    "uvicorn",
+    "starlette",
+    "aiohttp",
+    "uvloop",
+    "httpx",
+    "requests",
+    "prometheus_client",
+    "prometheus_api_client",
+    "apscheduler",
+    "docker",
+    "matplotlib",
+)
+# `--version` prints a constant: it parses neither YAML nor PromQL.
+NOT_FOR_VERSION = ("vllm_watchdog.config.model", "vllm_watchdog.ruler.files", "yaml", "promql_parser", "re2")
+
+
+def run_cli(*args: str) -> tuple[int, str, set[str]]:
+    """Exit code, stdout and the imported modules of `vllm-watchdog ARGS` in a fresh interpreter."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN, *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    return result["rc"], result["out"], set(result["modules"])
+
+
+def heavy(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    """The names (packages count with their submodules) that were imported."""
+    return [n for n in names if n in modules or any(m.startswith(n + ".") for m in modules)]
+
+
+def test_version_imports_no_parser_and_no_service() -> None:
+    rc, out, modules = run_cli("--version")
+    assert (rc, out.startswith("vllm-watchdog ")) == (0, True)
+    assert heavy(modules, NEVER + NOT_FOR_VERSION) == []
+
+
+def test_check_imports_no_service() -> None:
+    rc, out, modules = run_cli("check")
+    assert rc == 0 and "rule groups" in out, out
+    assert heavy(modules, NEVER) == []
+
+
+def test_failing_check_imports_no_service(tmp_path: Path) -> None:
+    bad = tmp_path / "watchdog.yml"
+    bad.write_text("targets: nope\n")
+    rc, _, modules = run_cli("check", "--config", str(bad))
+    assert rc == 1
+    assert heavy(modules, NEVER) == []
+
+
+def test_test_rules_imports_no_service() -> None:
+    rc, out, modules = run_cli("test-rules", str(RULE_TEST))
+    assert rc == 0 and "SUCCESS" in out, out
+    assert heavy(modules, NEVER) == []
+
+
+def test_a_command_that_needs_more_is_seen_importing_it(tmp_path: Path) -> None:
+    """`query` imports the remote PromQL client before it reads the config: the checks above can fail."""
+    bad = tmp_path / "watchdog.yml"
+    bad.write_text("targets: nope\n")
+    rc, _, modules = run_cli("query", "--config", str(bad), "up")
+    assert rc == 1
+    assert "vllm_watchdog.promql.remote" in heavy(modules, NEVER)
