@@ -43,6 +43,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.support.clock import T0
 from tests.support.fuzzing import fuzz
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
@@ -66,7 +67,6 @@ RULES += [RULETESTS / name for name in ("alerts.yml", "error_rules.yml", "stalen
 TESTFILES = sorted((ROOT / "rules" / "tests").glob("*.yml"))
 TESTFILES += sorted(p for p in RULETESTS.glob("*.yml") if p.name.startswith(("pass_", "fail_", "invalid_")))
 ENV = {"VLLM_WATCHDOG_TOKEN": "t0ken", "X": "1"}
-NOW = 1_700_000_000.0
 
 
 def _text(path: Path) -> str:
@@ -368,7 +368,7 @@ def _store_for(groups: Any) -> SampleStore:
     store = SampleStore(retention=math.inf)
     needs = store_needs(groups, 300.0)
     for name in sorted(needs.names or {"up"}):
-        store.append(make_labels(name, {"job": "fuzz", "instance": "i"}), round((NOW - 30) * 1000), 1.0)
+        store.append(make_labels(name, {"job": "fuzz", "instance": "i"}), round((T0 - 30) * 1000), 1.0)
     return store
 
 
@@ -379,7 +379,7 @@ def run_rules(groups: Any) -> None:
             assert history_needed(rule.expr) >= 0
     store = _store_for(groups)
     manager = RuleManager(groups, vector_query(Engine(store)), store, default_interval=1.0)
-    for t in (NOW, NOW + 600):
+    for t in (T0, T0 + 600):
         manager.evaluate_all(t)
         manager.alerts_to_send(t)
     manager.rules_json()

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests.support.clock import T0
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
@@ -19,7 +20,6 @@ from vllm_watchdog.sources.selffeed import SelfFeed
 from vllm_watchdog.store import make_labels
 
 pytestmark = pytest.mark.anyio
-NOW = 1_700_000_000.0
 PAUSED, SLEEPING = STATE_SERIES["paused"], STATE_SERIES["sleeping"]
 ASLEEP_METRICS = """# TYPE vllm:engine_sleep_state gauge
 vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"} 0.0
@@ -50,21 +50,21 @@ async def test_without_dev_mode_each_endpoint_is_asked_once_and_again_after_a_re
     fault.vllm_like("")  # no /is_paused, /is_sleeping: 404, as vLLM without VLLM_SERVER_DEV_MODE=1
     mon = monitor(fault.url)
     for i in range(5):
-        await mon.probe_health("t", NOW + i)
+        await mon.probe_health("t", T0 + i)
     assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (1, 1)
-    assert value(mon, PAUSED, NOW + 5) is None and value(mon, SLEEPING, NOW + 5) is None
-    assert mon.engine_state("t", NOW + 5) == ""
+    assert value(mon, PAUSED, T0 + 5) is None and value(mon, SLEEPING, T0 + 5) is None
+    assert mon.engine_state("t", T0 + 5) == ""
 
     fault.set("/health", b"", status=503)  # the server goes away...
-    await mon.probe_health("t", NOW + 6)
+    await mon.probe_health("t", T0 + 6)
     assert asked(fault, "/is_paused") == 1  # (not asked while /health fails)
     fault.set("/health", b"")  # ...and comes back in dev mode
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/is_sleeping", {"is_sleeping": False})
     for i in range(7, 10):
-        await mon.probe_health("t", NOW + i)
+        await mon.probe_health("t", T0 + i)
     assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (4, 4)
-    assert value(mon, PAUSED, NOW + 9) == 0.0 and value(mon, SLEEPING, NOW + 9) == 0.0
+    assert value(mon, PAUSED, T0 + 9) == 0.0 and value(mon, SLEEPING, T0 + 9) == 0.0
     await mon.aclose()
 
 
@@ -73,13 +73,13 @@ async def test_a_paused_engine_is_stored_and_named_and_a_resume_ends_it(fault: F
     fault.set("/is_paused", {"is_paused": True})
     fault.set("/is_sleeping", {"is_sleeping": True})  # vLLM 0.32 is "sleeping" while paused too
     mon = monitor(fault.url)
-    await mon.probe_health("t", NOW)
-    assert value(mon, PAUSED, NOW) == 1.0 and value(mon, SLEEPING, NOW) == 1.0
-    assert mon.engine_state("t", NOW + 1).startswith("the engine is paused on purpose (GET /is_paused")
+    await mon.probe_health("t", T0)
+    assert value(mon, PAUSED, T0) == 1.0 and value(mon, SLEEPING, T0) == 1.0
+    assert mon.engine_state("t", T0 + 1).startswith("the engine is paused on purpose (GET /is_paused")
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/is_sleeping", {"is_sleeping": False})
-    await mon.probe_health("t", NOW + 1)
-    assert value(mon, PAUSED, NOW + 1) == 0.0 and mon.engine_state("t", NOW + 1) == ""
+    await mon.probe_health("t", T0 + 1)
+    assert value(mon, PAUSED, T0 + 1) == 0.0 and mon.engine_state("t", T0 + 1) == ""
     await mon.aclose()
 
 
@@ -98,13 +98,13 @@ async def test_an_endpoint_that_does_not_answer_is_not_paused(
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url)
-    await mon.probe_health("t", NOW)
-    assert mon.engine_state("t", NOW) != ""
+    await mon.probe_health("t", T0)
+    assert mon.engine_state("t", T0) != ""
     fault.set("/is_paused", **reply)  # type: ignore[arg-type]
-    await mon.probe_health("t", NOW + 1)
-    assert mon.engine_state("t", NOW + 1) == ""
-    assert value(mon, PAUSED, NOW + 1) == 0.0  # the series stays, at 0: the rules' `unless` lets go
-    await mon.probe_health("t", NOW + 2)
+    await mon.probe_health("t", T0 + 1)
+    assert mon.engine_state("t", T0 + 1) == ""
+    assert value(mon, PAUSED, T0 + 1) == 0.0  # the series stays, at 0: the rules' `unless` lets go
+    await mon.probe_health("t", T0 + 2)
     assert asked(fault, "/is_paused") == 3  # an endpoint that did not answer is asked again (no 404)
     await mon.aclose()
 
@@ -113,15 +113,15 @@ async def test_the_canary_waits_while_the_engine_is_paused(fault: FaultServer) -
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", NOW)
-    await mon.probe_canary("t", NOW + 0.5)
+    await mon.probe_health("t", T0)
+    await mon.probe_canary("t", T0 + 0.5)
     assert asked(fault, "/v1/completions") == 0
-    assert value(mon, "vllm_watchdog_canary_success", NOW + 1) is None
+    assert value(mon, "vllm_watchdog_canary_success", T0 + 1) is None
     fault.set("/is_paused", {"is_paused": False})  # POST /resume
-    await mon.probe_health("t", NOW + 1)
-    await mon.probe_canary("t", NOW + 1.5)
+    await mon.probe_health("t", T0 + 1)
+    await mon.probe_canary("t", T0 + 1.5)
     assert asked(fault, "/v1/completions") == 1
-    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 1.0
+    assert value(mon, "vllm_watchdog_canary_success", T0 + 2) == 1.0
     await mon.aclose()
 
 
@@ -131,15 +131,15 @@ async def test_a_canary_that_failed_because_the_engine_was_paused_meanwhile_is_n
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": False})
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", NOW)
-    await mon.probe_canary("t", NOW + 0.1)
-    assert value(mon, "vllm_watchdog_canary_success", NOW + 0.2) == 1.0
+    await mon.probe_health("t", T0)
+    await mon.probe_canary("t", T0 + 0.1)
+    assert value(mon, "vllm_watchdog_canary_success", T0 + 0.2) == 1.0
     # POST /pause?mode=keep while the next canary is on its way: it is held until it times out.
     fault.set("/v1/completions", {"choices": [], "usage": {"completion_tokens": 1}}, delay=1.0)
     fault.set("/is_paused", {"is_paused": True})
-    await mon.probe_canary("t", NOW + 1)
+    await mon.probe_canary("t", T0 + 1)
     assert asked(fault, "/v1/completions") == 2
-    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 1.0  # the held canary is not a failure
+    assert value(mon, "vllm_watchdog_canary_success", T0 + 2) == 1.0  # the held canary is not a failure
     rt = mon.targets["t"]
     assert rt.canary is not None and rt.canary.status.ok and rt.canary.status.runs == 1
     await mon.aclose()
@@ -150,26 +150,26 @@ async def test_a_canary_that_fails_on_an_engine_that_is_not_paused_is_recorded(f
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/v1/completions", {"choices": [], "usage": {"completion_tokens": 1}}, delay=1.0)
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", NOW)
-    await mon.probe_canary("t", NOW + 1)
-    assert value(mon, "vllm_watchdog_canary_success", NOW + 2) == 0.0
+    await mon.probe_health("t", T0)
+    await mon.probe_canary("t", T0 + 1)
+    assert value(mon, "vllm_watchdog_canary_success", T0 + 2) == 0.0
     await mon.aclose()
 
 
 async def test_an_engine_asleep_by_its_metrics_is_named_without_dev_mode(fault: FaultServer) -> None:
     fault.vllm_like(ASLEEP_METRICS)
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.scrape("t", NOW)
-    await mon.probe_health("t", NOW)
-    reason = mon.engine_state("t", NOW + 1)
+    await mon.scrape("t", T0)
+    await mon.probe_health("t", T0)
+    reason = mon.engine_state("t", T0 + 1)
     assert reason == (
         'the engine is asleep on purpose (vllm:engine_sleep_state{sleep_state="awake"} is 0, engine 0)'
     )
-    await mon.probe_canary("t", NOW + 1)
+    await mon.probe_canary("t", T0 + 1)
     assert asked(fault, "/v1/completions") == 0  # the canary waits for /wake_up
     fault.set("/metrics", ASLEEP_METRICS.replace('"awake"} 0.0', '"awake"} 1.0'))
-    await mon.scrape("t", NOW + 2)
-    assert mon.engine_state("t", NOW + 2) == ""
+    await mon.scrape("t", T0 + 2)
+    assert mon.engine_state("t", T0 + 2) == ""
     await mon.aclose()
 
 
@@ -179,7 +179,7 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url)
-    await mon.probe_health("t", NOW)
+    await mon.probe_health("t", T0)
     collector = WatchdogCollector(mon, DaemonCounters())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -188,7 +188,7 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     assert "vllm_watchdog_engine_sleeping{" not in text  # 404: absent
     # The self feed writes the own families into the store; these the monitor wrote already.
     feed = SelfFeed(mon.store, [collector], "127.0.0.1:9460", lambda: None)
-    feed.commit(math.floor((NOW + 1) * 1000))
+    feed.commit(math.floor((T0 + 1) * 1000))
     assert [s.labels for s in mon.store.select(PAUSED)] == [
         make_labels(PAUSED, {"job": "vllm", "instance": "t"})
     ]

@@ -9,14 +9,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.support.clock import Clock
+from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
 from vllm_watchdog.sources.monitor import SUMMARY_EVERY, Monitor
 
 pytestmark = pytest.mark.anyio
-NOW = 1_700_000_000.0
 
 
 def monitor(url: str, clock: Clock) -> Monitor:
@@ -43,8 +42,8 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
     mon = monitor(fault.url, clock)
     scrapes = int(3 * SUMMARY_EVERY) + 1  # 1 s scrapes and probes for 15 minutes, on the injected clock
     for i in range(scrapes):
-        await mon.scrape("t", NOW + i)
-        await mon.probe_health("t", NOW + i)
+        await mon.scrape("t", T0 + i)
+        await mon.probe_health("t", T0 + i)
         clock.advance(1.0)
     got = lines(caplog)
     assert got.count(("scrape failed", None)) == 1
@@ -55,9 +54,9 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
     caplog.clear()
     fault.set("/metrics", "a 1\n")
     fault.set("/health", "")
-    await mon.scrape("t", NOW + scrapes)
-    await mon.probe_health("t", NOW + scrapes)
-    await mon.scrape("t", NOW + scrapes + 1)
+    await mon.scrape("t", T0 + scrapes)
+    await mon.probe_health("t", T0 + scrapes)
+    await mon.scrape("t", T0 + scrapes + 1)
     assert lines(caplog) == [("scrape recovered", None), ("probe recovered", None)]
     await mon.aclose()
 
@@ -70,10 +69,10 @@ async def test_a_new_kind_of_failure_is_logged_at_once(
     mon = monitor(fault.url, clock)
     fault.set("/metrics", "gone", status=503)
     for i in range(3):
-        await mon.scrape("t", NOW + i)
+        await mon.scrape("t", T0 + i)
     fault.set("/metrics", "this is { not valid\n")
     for i in range(3, 6):
-        await mon.scrape("t", NOW + i)
+        await mon.scrape("t", T0 + i)
     kinds = [r.__dict__.get("kind") for r in caplog.records if r.getMessage() == "scrape failed"]
     assert kinds == ["status", "parse"]
     await mon.aclose()
@@ -83,12 +82,12 @@ async def test_out_of_bounds_samples_are_warned_once_and_exported(
     fault: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
-    far = int(NOW * 1000) + 86_400_000
+    far = int(T0 * 1000) + 86_400_000
     fault.set("/metrics", f"a 1 {far}\nb 2\n")
     clock = Clock()
     mon = monitor(fault.url, clock)
     for i in range(10):
-        await mon.scrape("t", NOW + i)
+        await mon.scrape("t", T0 + i)
         clock.advance(1.0)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [(r.getMessage(), r.__dict__.get("num_dropped")) for r in warned] == [

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import T0
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.errors import ScrapeError
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, Series, is_stale
 
 pytestmark = pytest.mark.anyio
-NOW = 1_700_000_000.0
 
 
 def target(store: SampleStore, client: httpx.AsyncClient, url: str, **kw: object) -> ScrapeTarget:
@@ -43,7 +43,7 @@ async def test_real_payload_gets_job_instance_and_synthetic_series(
     fault.set("/metrics", vllm_payload)
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url).scrape(NOW)
+        status = await target(store, client, fault.url).scrape(T0)
     assert status.up and status.last_error is None and status.samples > 400
     waiting = one(store, "vllm:num_requests_waiting")
     labels = dict(waiting.labels)
@@ -59,13 +59,13 @@ async def test_vanished_series_and_down_target_go_stale(fault: FaultServer) -> N
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
         t = target(store, client, fault.url)
-        await t.scrape(NOW)
+        await t.scrape(T0)
         fault.set("/metrics", "a 1\n")
-        await t.scrape(NOW + 1)
+        await t.scrape(T0 + 1)
         b = one(store, "b")
-        assert is_stale(b.vals[-1]) and b.ts[-1] == int((NOW + 1) * 1000)
+        assert is_stale(b.vals[-1]) and b.ts[-1] == int((T0 + 1) * 1000)
         fault.set("/metrics", "oops", status=500)
-        status = await t.scrape(NOW + 2)
+        status = await t.scrape(T0 + 2)
     assert not status.up and status.last_error == "server returned HTTP status 500"
     assert is_stale(one(store, "a").vals[-1])
     assert list(one(store, "up").vals) == [1.0, 1.0, 0.0]
@@ -88,7 +88,7 @@ async def test_faults_give_up_zero_and_a_clear_error(
     fault.set("/metrics", **reply)  # type: ignore[arg-type]
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url).scrape(NOW)
+        status = await target(store, client, fault.url).scrape(T0)
     assert not status.up
     assert status.last_error is not None and message in status.last_error
     assert status.errors_by_kind == {kind: 1}
@@ -99,7 +99,7 @@ async def test_connection_refused(fault: FaultServer) -> None:
     url = fault.url
     fault.close()
     async with httpx.AsyncClient() as client:
-        status = await target(SampleStore(600), client, url).scrape(NOW)
+        status = await target(SampleStore(600), client, url).scrape(T0)
     assert not status.up and status.errors_by_kind == {"connection": 1}
 
 
@@ -107,7 +107,7 @@ async def test_sample_limit_fails_the_whole_scrape_atomically(fault: FaultServer
     fault.set("/metrics", "".join(f'x{{i="{i}"}} 1\n' for i in range(20)))
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url, sample_limit=10).scrape(NOW)
+        status = await target(store, client, fault.url, sample_limit=10).scrape(T0)
     assert not status.up and "sample_limit exceeded: 20 samples > limit 10" in (status.last_error or "")
     assert list(store.select("x")) == []  # nothing half-committed
 
@@ -121,7 +121,7 @@ async def test_slow_target_does_not_block_another(fault: FaultServer) -> None:
         async with httpx.AsyncClient() as client:
             slow_t = target(store, client, fault.url, instance="slow")
             fast_t = target(store, client, fast.url, instance="fast")
-            slow_s, fast_s = await asyncio.gather(slow_t.scrape(NOW), fast_t.scrape(NOW))
+            slow_s, fast_s = await asyncio.gather(slow_t.scrape(T0), fast_t.scrape(T0))
         assert fast_s.up and not slow_s.up
     finally:
         fast.close()
@@ -136,7 +136,7 @@ async def test_legacy_names_are_aliased_and_current_names_win(fault: FaultServer
     )
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        await target(store, client, fault.url).scrape(NOW)
+        await target(store, client, fault.url).scrape(T0)
     kv = {dict(s.labels)["model_name"]: s.vals[-1] for s in store.select("vllm:kv_cache_usage_perc")}
     assert kv == {"m": 0.5, "n": 0.7}
     assert list(store.select("vllm:gpu_cache_usage_perc")) == []
@@ -147,7 +147,7 @@ async def test_keep_filter_and_conflicting_target_labels(fault: FaultServer) -> 
     fault.set("/metrics", 'keep{instance="inner"} 1\ndrop 2\n')
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
-        await target(store, client, fault.url, keep_name={"keep", "up"}.__contains__).scrape(NOW)
+        await target(store, client, fault.url, keep_name={"keep", "up"}.__contains__).scrape(T0)
     assert store.names() == ["keep", "scrape_duration_seconds", "scrape_samples_scraped", "up"]
     labels = dict(one(store, "keep").labels)
     assert labels["instance"] == "vllm-0" and labels["exported_instance"] == "inner"
@@ -174,13 +174,13 @@ def test_garbage_never_escapes_as_anything_but_scrape_error(text: str) -> None:
 async def test_samples_out_of_time_bounds_are_dropped_counted_and_shown(fault: FaultServer) -> None:
     """A far-future explicit timestamp froze its series (every later sample was out of order) while the target
     showed no error. Prometheus drops samples more than 10 min ahead or 1 h behind, counts them and scrapes on."""
-    now_ms = int(NOW * 1000)
+    now_ms = int(T0 * 1000)
     future, past = now_ms + 10 * 365 * 86_400_000, now_ms - 2 * 3_600_000
     fault.set("/metrics", f"a 1 {future}\nb 2 {past}\nc 3\nd 4 {now_ms + 600_000}\n")
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
         t = target(store, client, fault.url)
-        status = await t.scrape(NOW)
+        status = await t.scrape(T0)
         assert status.up and status.samples == 4
         assert status.out_of_bounds == 2 and status.out_of_bounds_total == 2
         assert status.last_error == (
@@ -190,11 +190,11 @@ async def test_samples_out_of_time_bounds_are_dropped_counted_and_shown(fault: F
         assert list(one(store, "d").ts) == [now_ms + 600_000]  # 10 minutes ahead is still accepted
         for i in range(1, 4):  # the target goes on sending the bad sample, and good ones
             fault.set("/metrics", f"a 1 {future}\nc {i}\n")
-            status = await t.scrape(NOW + i)
+            status = await t.scrape(T0 + i)
         assert status.up and status.out_of_bounds == 1 and status.out_of_bounds_total == 5
         assert list(store.select("a")) == []
         fault.set("/metrics", "a 7\nc 9\n")  # the far-future sample is gone: `a` takes samples at once
-        status = await t.scrape(NOW + 4)
+        status = await t.scrape(T0 + 4)
     assert status.up and status.out_of_bounds == 0 and status.last_error is None
     assert list(one(store, "a").vals) == [7.0]
     assert list(one(store, "c").vals) == [3.0, 1.0, 2.0, 3.0, 9.0]
@@ -204,7 +204,7 @@ async def test_a_4_mib_label_name_gives_a_bounded_error(fault: FaultServer) -> N
     huge = "l" * (4 << 20)
     fault.set("/metrics", f'a{{{huge}="1",{huge}="2"}} 1\n')
     async with httpx.AsyncClient() as client:
-        status = await target(SampleStore(600), client, fault.url, body_size_limit=16 << 20).scrape(NOW)
+        status = await target(SampleStore(600), client, fault.url, body_size_limit=16 << 20).scrape(T0)
     assert not status.up and status.last_error is not None
     assert status.last_error.startswith("parse error: line 1: duplicate label name 'llll")
     assert len(status.last_error) < 1024
