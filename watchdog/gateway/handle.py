@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..actions.state import ActionStore
 from ..background import Background
 from ..promql.mathfuncs import histogram_quantile
 from .channel import ChannelError
 from .codec import decode, encode
 from .config import GatewayConfig, ThrottleSpec
+from .controlstore import ControlStore
 from .link import GatewayLink
 from .snapshot import GatewaySnapshot, HistogramSnapshot
 
@@ -52,7 +52,7 @@ class GatewayControlOptions:
     the clocks, and vLLM's own recent queue time (p90) for the adaptive throttle."""
 
     link: GatewayLink
-    store: ActionStore
+    store: ControlStore
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     queue_time: Callable[[], float | None] = _no_queue_time
