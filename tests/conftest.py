@@ -35,9 +35,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     runshare.end(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that share the session's vLLM run on one worker; every other module runs whole on one."""
     runshare.assign_groups(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run when xdist failed to group the tests."""
+    runshare.check_groups(session)
 
 
 def orphaned_gateways(everyone: bool = False) -> list[int]:

@@ -134,3 +134,12 @@ def _starts_servers(item: pytest.Item) -> bool:
 
 
 _SERVER_FIXTURES = {"docker_client", "cleanup", "vllm_runtime"}
+
+
+def check_groups(session: pytest.Session) -> None:
+    """On a worker of `--dist loadgroup`: every test id carries its group, or the run stops at once."""
+    if getattr(session.config.option, "loadgroup", False) and any("@" not in i.nodeid for i in session.items):
+        raise pytest.UsageError(
+            "pytest-xdist did not group the tests (its ids are rewritten in a way pytest 9 ignores; "
+            "scripts/setup.sh keeps pytest below 9): shared-vLLM tests would run on several workers at once"
+        )
