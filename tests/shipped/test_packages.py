@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,4 +16,6 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         for init in (ROOT / "watchdog").rglob("__init__.py")
     }
     assert tree - listed == set(), "add these to [tool.setuptools] packages"
-    assert listed - tree == {"vllm_watchdog.rules"}, "listed but not in watchdog/ (rules/ is mapped on its own)"
+    assert listed - tree == {"vllm_watchdog.rules"}, (
+        "listed but not in watchdog/ (rules/ is mapped on its own)"
+    )
