@@ -31,6 +31,10 @@ class Outcome:
     details: dict[str, object] = field(default_factory=dict)
 
 
+async def _no_gateway() -> int | None:
+    return None
+
+
 @dataclass
 class FlowContext:
     """What a flow needs about one target."""
@@ -40,6 +44,9 @@ class FlowContext:
     runtime: Runtime
     ready: ReadyCheck
     running_requests: Callable[[], float | None]  # the latest vllm:num_requests_running, None if unknown
+    # Tells the gateway in front (if any) to hold new requests now, and returns what it still has in flight:
+    # the drain flag reaches the gateway in the background, and its cached count can be a tick old.
+    gateway_in_flight: Callable[[], Awaitable[int | None]] = _no_gateway
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -71,11 +78,21 @@ async def drain(ctx: FlowContext, action_id: int, timeout: float) -> None:
     ctx.store.set_drain(ctx.target.name, True, ctx.clock(), action_id)
     await ctx.enter(action_id, "drain")
     deadline = ctx.monotonic() + timeout
-    running = ctx.running_requests()
+    running = await _running(ctx)
     while running is not None and running > 0 and ctx.monotonic() < deadline:
         await ctx.sleep(DRAIN_POLL)
-        running = ctx.running_requests()
+        running = await _running(ctx)
     ctx.step(action_id, "drained", running=running)
+
+
+async def _running(ctx: FlowContext) -> float | None:
+    """What the target still serves: the larger of vLLM's gauge (it lags by a scrape) and the gateway's own
+    count, asked of the gateway itself (a request it admitted a moment ago is in neither cached value)."""
+    gauge = ctx.running_requests()
+    in_flight = await ctx.gateway_in_flight()
+    if in_flight is None:
+        return gauge
+    return float(in_flight) if gauge is None else max(gauge, float(in_flight))
 
 
 def undrain(ctx: FlowContext, action_id: int) -> None:

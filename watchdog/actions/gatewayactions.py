@@ -39,6 +39,8 @@ class Gateway(Protocol):
 
     def in_flight(self) -> int: ...
 
+    async def set_drain(self, drained: bool) -> None: ...
+
 
 def hold_key(action: ActionConfig, labels: Mapping[str, str]) -> str:
     """One throttle hold per action and alert: a second alert resolving does not lift the first one's hold."""

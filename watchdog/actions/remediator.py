@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config.model import Config, TargetConfig
 from ..errors import ActionError
+from ..gateway.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
 from ..statehealth import StateHealth
@@ -302,6 +303,18 @@ class Remediator:
         gw = self.gateway
         return gw if gw is not None and gw.target == target else None
 
+    async def _gateway_in_flight(self, target: str) -> int | None:
+        """Drain the gateway in front of `target` now and return its live in-flight count; None without one
+        (or when it does not answer: the drain then waits on vLLM's gauge alone)."""
+        gw = self._gateway_of(target)
+        if gw is None:
+            return None
+        try:
+            await gw.set_drain(True)
+        except ChannelError:
+            return None
+        return gw.in_flight()
+
     def _context(self, target: TargetConfig, runtime: Runtime | None) -> FlowContext:
         return FlowContext(
             store=self.store,
@@ -309,6 +322,7 @@ class Remediator:
             runtime=runtime or UnavailableRuntime("none", target.name, "no container, command or unit"),
             ready=self.ready,
             running_requests=lambda: self.running_requests(target.name),
+            gateway_in_flight=lambda: self._gateway_in_flight(target.name),
             clock=self.clock,
             monotonic=self.monotonic,
             sleep=self.sleep,
