@@ -172,7 +172,7 @@ def test_throttle_lowers_the_cap_and_aimd_restores_it(
         f"""rule_files: ["{rules}"]
 gateway: {{listen: 127.0.0.1:GPORT, max_in_flight: 4}}
 actions:
-  squeeze: {{type: throttle, factor: 0.5, floor: 1, step: 1, step_interval: 1s}}
+  squeeze: {{type: throttle, factor: 0.5, floor: 1, step: 1, step_interval: 3s}}
 routes:
   - {{match: {{alertname: GatewayBusy}}, actions: [squeeze]}}
 """
@@ -195,6 +195,8 @@ routes:
     assert squeezed["data"]["ceiling"] == 4
     limits: list[int] = []
 
+    # Steps 3 s apart: the sampler below reads every 0.2 s, and on a loaded machine one read took over a
+    # second, so with 1 s steps it once saw 2 then 4 (the 3 came and went between two reads).
     def sample() -> None:  # from the squeeze until the cap is back at the ceiling (bounded)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and (not limits or limits[-1] != 4):
