@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.clock import Clock
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.gatewayactions import plan_gateway
@@ -29,16 +30,6 @@ from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.store import SampleStore, is_stale, labels_dict
 
 pytestmark = pytest.mark.anyio
-
-
-class Clock:
-    """A settable clock for both wall and monotonic time."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _config(upstream: str, actions: str = "", dry_run: bool = False) -> Config:
