@@ -161,14 +161,9 @@ class ActionPlane:
         return result[0].value
 
     def running_requests(self, target: str) -> float | None:
-        """Requests a target is serving: vllm:num_requests_running from the sample store, or the gateway's
-        in-flight count if it fronts the target and says more; None if unknown."""
-        gauge = self.query_value(f'sum(vllm:num_requests_running{{instance="{target}"}})')
-        gw = self.gateway
-        if gw is None or gw.target != target:
-            return gauge
-        in_flight = float(gw.in_flight())  # exact and without vLLM's lag, for what passes the gateway
-        return in_flight if gauge is None else max(gauge, in_flight)
+        """Requests a target is serving as vLLM reports them: vllm:num_requests_running from the sample
+        store, None if unknown (the drain adds the gateway's own count: flows._running)."""
+        return self.query_value(f'sum(vllm:num_requests_running{{instance="{target}"}})')
 
     async def start(self) -> None:
         """Start the gateway (if any); reconcile actions a killed watchdog left in flight, then make sure

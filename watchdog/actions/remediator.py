@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -304,15 +305,13 @@ class Remediator:
         return gw if gw is not None and gw.target == target else None
 
     async def _gateway_in_flight(self, target: str) -> int | None:
-        """Drain the gateway in front of `target` now and return its live in-flight count; None without one
-        (or when it does not answer: the drain then waits on vLLM's gauge alone)."""
+        """Drain the gateway in front of `target` now and return its live in-flight count (the count of its
+        last answer when it does not answer now); None without one."""
         gw = self._gateway_of(target)
         if gw is None:
             return None
-        try:
+        with contextlib.suppress(ChannelError):
             await gw.set_drain(True)
-        except ChannelError:
-            return None
         return gw.in_flight()
 
     def _context(self, target: TargetConfig, runtime: Runtime | None) -> FlowContext:
