@@ -6,14 +6,9 @@ import math
 
 import pytest
 
-from vllm_watchdog.templates.gofmt import (
-    format_float,
-    go_labels,
-    go_quote,
-    model_duration,
-    rfc3339,
-    time_duration,
-)
+from vllm_watchdog.templates.gofmt import go_labels
+from vllm_watchdog.templates.gostrconv import format_float, go_quote
+from vllm_watchdog.templates.gotime import model_duration, rfc3339, time_duration
 
 
 @pytest.mark.parametrize(

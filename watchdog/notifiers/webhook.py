@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..templates.gofmt import rfc3339
+from ..templates.gotime import rfc3339
 from .alert import OutgoingAlert
 
 VERSION = "4"

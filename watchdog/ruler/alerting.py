@@ -21,7 +21,8 @@ from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc
 from ..store import Labels
 from ..templates import Template, TemplateError
-from ..templates.gofmt import format_float, go_number, rfc3339
+from ..templates.gostrconv import format_float, go_number
+from ..templates.gotime import rfc3339
 from .files import Rule
 
 log = logging.getLogger(__name__)

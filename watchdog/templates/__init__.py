@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from .execute import Executor
 from .functions import NAMES, UNSUPPORTED
-from .gofmt import AlertData
+from .govalues import AlertData
 from .lexer import TemplateError
 from .nodes import Node
 from .parser import Parser

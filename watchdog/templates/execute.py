@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .functions import Func, FuncError, function_map, truth
-from .gofmt import AlertData, ArgsMap, GoTime, fmt_value, go_type
+from .gofmt import fmt_value
+from .govalues import AlertData, ArgsMap, GoTime, go_type
 from .lexer import TemplateError
 from .nodes import Action as ActionNode
 from .nodes import (

@@ -10,19 +10,9 @@ from urllib.parse import quote_plus, urlsplit
 
 from ..config.durations import parse_duration
 from ..goregex import RegexError, compile_go
-from .gofmt import (
-    HTML,
-    AlertData,
-    ArgsMap,
-    GoTime,
-    format_float,
-    go_quote,
-    go_type,
-    parse_float,
-    sprint,
-    sprintf,
-    sprintln,
-)
+from .gofmt import sprint, sprintf, sprintln
+from .gostrconv import format_float, go_quote, parse_float
+from .govalues import HTML, AlertData, ArgsMap, GoTime, go_type
 
 
 class FuncError(ValueError):

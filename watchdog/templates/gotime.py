@@ -1,0 +1,69 @@
+"""Go's durations and times as text: Prometheus' model.Duration, time.Duration, RFC 3339 in JSON."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from decimal import Decimal
+
+_MODEL_UNITS = (
+    ("y", 365 * 86400_000, True),
+    ("w", 7 * 86400_000, True),
+    ("d", 86400_000, False),
+    ("h", 3600_000, False),
+    ("m", 60_000, False),
+    ("s", 1000, False),
+    ("ms", 1, False),
+)
+_EPOCH = date(1970, 1, 1)
+
+
+def model_duration(seconds: float) -> str:
+    """Prometheus model.Duration.String(): `1h30m`, `90d`, `1w`, `0s` (years and weeks only if exact)."""
+    ms = round(seconds * 1000)
+    if ms == 0:
+        return "0s"
+    out = []
+    for unit, size, exact in _MODEL_UNITS:
+        if exact and ms % size:
+            continue
+        if ms >= size:
+            out.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(out)
+
+
+def _trim(value: Decimal) -> str:
+    text = format(value, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def time_duration(seconds: float) -> str:
+    """Go time.Duration.String(): `5m0s`, `1h0m0s`, `1.5s`, `500ms`, `0s`."""
+    ns = round(seconds * 1_000_000_000)
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                return f"{sign}{_trim(Decimal(ns) / size)}{unit}"
+    hours, rest = divmod(ns, 3600 * 1_000_000_000)
+    minutes, rest = divmod(rest, 60 * 1_000_000_000)
+    secs = _trim(Decimal(rest) / 1_000_000_000)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{sign}{minutes}m{secs}s"
+    return f"{sign}{secs}s"
+
+
+def rfc3339(ms: int | None) -> str:
+    """A time as Go marshals time.Time to JSON (RFC 3339, UTC); None is Go's zero time."""
+    if ms is None:
+        return "0001-01-01T00:00:00Z"
+    seconds, millis = divmod(ms, 1000)
+    days, rest = divmod(seconds, 86400)
+    day = _EPOCH + timedelta(days=days)
+    frac = f".{millis:03d}".rstrip("0") if millis else ""
+    return f"{day.isoformat()}T{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}{frac}Z"
