@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .functions import Func, FuncError, function_map, truth
+from .builtins import Func, FuncError, truth
+from .functions import function_map
 from .gofmt import fmt_value
 from .govalues import AlertData, ArgsMap, GoTime, go_type
 from .lexer import TemplateError
