@@ -15,14 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.actions.state import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    ActionStore,
-    NewerSchemaError,
-    migrate,
-    parse_silence_matchers,
-)
+from vllm_watchdog.actions.state import ActionStore, parse_silence_matchers
+from vllm_watchdog.actions.statedb import MIGRATIONS, SCHEMA_VERSION, NewerSchemaError, migrate
 
 LABELS = {"alertname": "VLLMHung", "target": "gpu0"}
 
