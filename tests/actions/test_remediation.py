@@ -18,17 +18,13 @@ import pytest
 from tests.support.clock import Clock
 from tests.support.fake_nvml import FakeNvml
 from vllm_watchdog.actions.audit import Job
+from vllm_watchdog.actions.jobqueues import MAX_QUEUED, QUEUE_RAIL
 from vllm_watchdog.actions.power import PowerLimiter
-from vllm_watchdog.actions.remediator import (
-    MAX_QUEUED,
-    QUEUE_RAIL,
-    RESPAWN,
-    RESTORE_RECHECK,
-    Remediator,
-    RemediatorOptions,
-)
+from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.restores import RESTORE_RECHECK
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.supervisor import RESPAWN
 from vllm_watchdog.config.model import Config, TargetConfig, parse_config
 from vllm_watchdog.errors import ActionError
 from vllm_watchdog.notifiers.alert import OutgoingAlert

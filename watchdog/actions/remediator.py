@@ -12,47 +12,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.model import Config, TargetConfig
-from ..errors import ActionError
 from ..gateway.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
 from ..statehealth import StateHealth
 from .audit import Audit, Job
-from .config import GATEWAY_ACTIONS, ActionConfig, Budget
+from .config import GATEWAY_ACTIONS, ActionConfig
 from .episodes import Episodes
 from .flows import FlowContext, Outcome, reconcile
 from .gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
+from .jobqueues import JobQueues
 from .plans import execute_plan, plan_action
+from .preflight import server_started_at, unsupported
 from .rails import Rails, Verdict
 from .readiness import ReadyCheck
+from .restores import Restores
 from .retries import Retries
 from .router import route, target_of
 from .runtime import Runtime
 from .selfalerts import WatchdogAlerts
 from .state import ActionStore
+from .supervisor import RESPAWN, respawn
 from .targetruntimes import UnavailableRuntime
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
 STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
-# Jobs waiting per target; past this a new one is skipped on the queue_full rail (audited, counted), not
-# queued: 8,500 distinct sessions in one webhook queued 8,500 jobs and kept the loop busy for 48 s.
-MAX_QUEUED = 64
-QUEUE_RAIL = "queue_full"
-RESTORE_RECHECK = 60.0  # a restore refused while the engine is paused or asleep is due again this much later
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
-# Process mode: a child that died on its own is started again, under the same rails as any restart.
-RESPAWN = ActionConfig(
-    name="respawn",
-    type="restart",
-    cooldown=0.0,
-    max_per_window=Budget(5, 3600.0),
-    startup_grace=0.0,
-    backoff_initial=10.0,
-    backoff_max=600.0,
-    drain_timeout=0.0,
-    stop_timeout=30.0,
-)
 
 
 def _unknown_requests(target: str) -> float | None:
@@ -100,12 +86,23 @@ class Remediator:
         self.alerts = WatchdogAlerts(self.rails)
         self.retries = Retries(store)
         self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
-        self.queues: dict[str, deque[Job]] = {}
-        self.current: dict[str, Job] = {}
-        self.workers: dict[str, asyncio.Task[None]] = {}
+        self.restores = Restores(store)
         self.audit = Audit(store, self.hub, self._dry)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
+        self.jobs = JobQueues(
+            self._execute, lambda job, verdict: self._skip(job, verdict, self.clock()), self.reconciled
+        )
+
+    @property
+    def queues(self) -> dict[str, deque[Job]]:
+        """The jobs waiting, by target."""
+        return self.jobs.queues
+
+    @property
+    def current(self) -> dict[str, Job]:
+        """The job running, by target."""
+        return self.jobs.current
 
     def apply(self, config: Config, runtimes: Mapping[str, Runtime]) -> None:
         """Adopt a reloaded config; queued jobs keep the action settings they were queued with."""
@@ -127,23 +124,16 @@ class Remediator:
                         action, alert.labels, trigger, "the alert names no configured target", now
                     )
                     continue
-                restore_key = f"restore/{action.name}/{target.name}"
                 if alert.state == "resolved":
                     self.retries.forget(action.name, target.name)
                     self.episodes.ended(action, target.name, alert.labels)
                     gateway = self._gateway_of(target.name)
                     if action.type == "throttle" and gateway is not None:
                         gateway.release(hold_key(action, alert.labels))
-                    if action.restore_after is not None:
-                        resolved_at = alert.ends_at or now  # the same on every resend of this resolution
-                        held = self.store.get(restore_key)
-                        if not (isinstance(held, dict) and held.get("resolved_at") == resolved_at):
-                            due = resolved_at + action.restore_after
-                            doc = {"due": due, "resolved_at": resolved_at, "labels": dict(alert.labels)}
-                            self.store.put(restore_key, doc)
+                    resolved_at = alert.ends_at or now  # the same on every resend of this resolution
+                    self.restores.resolved(action, target.name, alert.labels, resolved_at)
                     continue
-                if self.store.get(restore_key) is not None:  # firing again: the hold restarts at resolution
-                    self.store.put(restore_key, None)  # (only then: every write is an fsync)
+                self.restores.firing(action, target.name)
                 if self.episodes.done(action, target.name, alert.labels, alert.starts_at):
                     gateway = self._gateway_of(target.name)
                     if (
@@ -177,51 +167,10 @@ class Remediator:
         return job
 
     def enqueue(self, job: Job) -> int:
-        """Queue a job on its target's worker, merged with an equal one already waiting or running, or skipped
-        (queue_full) when MAX_QUEUED already wait."""
-        name = job.target.name
-        queue = self.queues.setdefault(name, deque())
-        running = self.current.get(name)
-        if (running is not None and running.key == job.key) or any(j.key == job.key for j in queue):
-            log.info(
-                "action merged with one already queued", extra={"action": job.action.name, "target": name}
-            )
-            if job.done is not None and not job.done.done():
-                job.done.set_result(
-                    {"outcome": "merged", "reason": "the same action is already queued or running"}
-                )
-            return 0
-        if len(queue) >= MAX_QUEUED:
-            reason = f"{QUEUE_RAIL}: {len(queue)} actions already wait for {name} (at most {MAX_QUEUED})"
-            result = self._skip(job, Verdict(False, reason, QUEUE_RAIL), self.clock())
-            if job.done is not None and not job.done.done():
-                job.done.set_result(result)
-            return 0
-        queue.append(job)
-        worker = self.workers.get(name)
-        if worker is None or worker.done():
-            self.workers[name] = asyncio.get_running_loop().create_task(
-                self._work(name), name=f"actions:{name}"
-            )
-        return 1
+        """Queue a job on its target's worker (see JobQueues); 1 if it was queued, 0 if merged or skipped."""
+        return self.jobs.enqueue(job)
 
     # -- execution ---------------------------------------------------------------------------
-    async def _work(self, target: str) -> None:
-        await self.reconciled.wait()
-        queue = self.queues[target]
-        while queue:
-            job = queue.popleft()
-            self.current[target] = job
-            try:
-                result = await self._execute(job)
-            except Exception as exc:  # one broken job must not kill the worker
-                log.exception("action crashed", extra={"action": job.action.name, "target": target})
-                result = {"outcome": "failed", "reason": f"internal error: {exc}"}
-            finally:
-                self.current.pop(target, None)
-            if job.done is not None and not job.done.done():
-                job.done.set_result(result)
-
     def _dry(self, action: ActionConfig) -> bool:
         return self.config.dry_run or bool(action.dry_run)
 
@@ -229,10 +178,10 @@ class Remediator:
         action, target, now = job.action, job.target, self.clock()
         runtime = self.runtimes.get(target.name)
         gateway = self._gateway_of(target.name)
-        problem = _unsupported(action, target, runtime, self.power, gateway)
+        problem = unsupported(action, target, runtime, self.power, gateway)
         if problem:
             return self.audit.refuse(action, job.labels, job.trigger, problem, now, target.name)
-        started = await _started_at(runtime) if runtime is not None and action.disruptive else None
+        started = await server_started_at(runtime) if runtime is not None and action.disruptive else None
         verdict = self.rails.check(
             action,
             target.name,
@@ -246,7 +195,7 @@ class Remediator:
         )
         if not verdict.allowed:
             if verdict.rail == "engine_paused" and job.restore:  # due again later, not lost
-                self._restore_later(job, now + RESTORE_RECHECK)
+                self.restores.later(job, now)
             return self._skip(job, verdict, now)
         if gateway is not None and action.type in GATEWAY_ACTIONS:
             plan = plan_gateway(action, job.labels, gateway)
@@ -283,12 +232,6 @@ class Remediator:
             log.exception("action crashed", extra={"action": action.name, "target": target.name})
             outcome = Outcome("failed", f"internal error: {exc}")
         return self._finish(job, action_id, outcome)
-
-    def _restore_later(self, job: Job, due: float) -> None:
-        key = f"restore/{job.action.name}/{job.target.name}"
-        pending = self.store.get(key)
-        if isinstance(pending, dict):
-            self.store.put(key, {**pending, "due": due, "queued": False})
 
     def _unrecordable(self, action: ActionConfig) -> str:
         """Why a disruptive action cannot run now because its audit row could not be kept ("" if it can):
@@ -353,24 +296,13 @@ class Remediator:
     async def tick(self, now: float) -> None:
         """Queue due restores, respawn dead children (process mode), resend or resolve own alerts."""
         for target in self.config.targets:
-            for action in self.config.actions.values():
-                key = f"restore/{action.name}/{target.name}"
-                pending = self.store.get(key)
-                if isinstance(pending, dict) and not pending.get("queued") and float(pending["due"]) <= now:
-                    self.store.put(key, {**pending, "queued": True})  # resends of the resolution find it done
-                    self.enqueue(
-                        Job(action, target, dict(pending.get("labels") or {}), "restore", restore=True)
-                    )
-            runtime = self.runtimes.get(target.name)
-            exit_code = getattr(runtime, "exit_code", None)
-            if callable(exit_code) and target.name not in self.current and not self.queues.get(target.name):
-                code = exit_code()
-                if code is not None:
-                    log.error("vLLM exited on its own", extra={"target": target.name, "exit_code": code})
-                    self.enqueue(
-                        Job(RESPAWN, target, {"target": target.name, "exit_code": str(code)}, "supervisor")
-                    )
-            if target.name not in self.current and not self.queues.get(target.name):
+            for job in self.restores.due(target, self.config.actions.values(), now):
+                self.enqueue(job)
+            if self.jobs.idle(target.name):
+                respawned = respawn(target, self.runtimes.get(target.name))
+                if respawned is not None:
+                    self.enqueue(respawned)
+            if self.jobs.idle(target.name):
                 for job in self.retries.due(target, self.config.actions.values(), self.rails, now):
                     self.enqueue(job)
         self.rails.observe(now)  # new rows' ages from now on follow the monotonic clock
@@ -441,41 +373,4 @@ class Remediator:
 
     async def aclose(self) -> None:
         """Cancel workers; an action cut short stays "running" in the log and is reconciled at next start."""
-        tasks = [t for t in self.workers.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=3.0)
-
-
-async def _started_at(runtime: Runtime) -> float | None:
-    """When the server started, for the start-up grace rail; unknown (None) if the runtime cannot tell."""
-    try:
-        return await runtime.started_at()
-    except ActionError as exc:
-        log.warning(
-            "cannot tell when the server started", extra={"target": runtime.target, "error": str(exc)}
-        )
-        return None
-
-
-def _unsupported(
-    action: ActionConfig,
-    target: TargetConfig,
-    runtime: Runtime | None,
-    power: Any | None,
-    gateway: Gateway | None,
-) -> str:
-    if action.type in GATEWAY_ACTIONS:
-        return (
-            "" if gateway is not None else f"no gateway in front of target {target.name} (config `gateway:`)"
-        )
-    if action.type == "gpu_power_limit":
-        if power is None:
-            return "gpu_power_limit needs NVML (gpus: {nvml: true})"
-        return "" if target.gpus else f"target {target.name} lists no gpus"
-    if runtime is None:
-        return f"target {target.name} names no container, command or unit to act on"
-    if action.type != "restart" and runtime.kind == "systemd":
-        return f"{action.type} needs docker or process mode; systemd mode supports restart only"
-    return ""
+        await self.jobs.aclose()
