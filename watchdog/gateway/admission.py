@@ -13,36 +13,17 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from statistics import median
 
 from .config import GatewayConfig
 from .histogram import Histogram
+from .rejections import Rejection, Rejections
 from .sessions import SessionLimits
 from .snapshot import GateSnapshot
+from .waitqueue import Waiter, WaitQueue
 
-REASONS = (
-    "queue_full",
-    "queue_timeout",
-    "session_rate",
-    "session_concurrency",
-    "session_breaker",
-    "draining",
-    "drain_timeout",
-)
 RECENT_WINDOW = 60.0  # seconds of admissions recent_queue_time() looks at
 RECENT_SAMPLES = 256
-DRAIN_RETRY_AFTER = 5.0  # a drain is a restart or maintenance: retrying within seconds is pointless
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A request the gate turned away; the proxy answers it with `status` and Retry-After."""
-
-    status: int  # 429 for limits, 503 for draining
-    reason: str  # one of REASONS
-    message: str  # one human sentence for the JSON error body
-    retry_after: float  # seconds (> 0); the proxy sends ceil() in Retry-After
 
 
 class Ticket:
@@ -70,31 +51,6 @@ class Ticket:
         return f"Ticket(session={self.session!r}, priority={self.priority!r}, released={self.released})"
 
 
-class _Waiter:
-    __slots__ = ("arrived", "future", "held", "priority", "queued", "rank", "session", "timer")
-
-    def __init__(
-        self,
-        session: str | None,
-        priority: str,
-        rank: int,
-        arrived: float,
-        future: asyncio.Future[Ticket | Rejection],
-    ) -> None:
-        self.session = session
-        self.priority = priority
-        self.rank = rank
-        self.arrived = arrived
-        self.future = future
-        self.queued = True
-        self.held = False  # its timer is the drain timer
-        self.timer: asyncio.TimerHandle | None = None
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.3g} s"
-
-
 class Gate:
     """Decides, per request, admit now / wait in the priority queue / reject."""
 
@@ -106,16 +62,14 @@ class Gate:
         self._throttled = False  # set_limit() put the limit below the ceiling
         self._in_flight = 0
         self._tickets: dict[Ticket, None] = {}  # in admission order: the first is the oldest
-        self._waiting = 0
+        self._queue = WaitQueue()
         self._draining = False
         self._breakers: dict[str, tuple[float, str]] = {}
         self._admitted: dict[str, int] = {}
-        self._rejected: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self._rejections = Rejections()
         self._queue_time = Histogram()
         self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_SAMPLES)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._classes: tuple[str, ...] = ()
-        self._queues: list[deque[_Waiter]] = []
         self._configure(config)
 
     def _configure(self, config: GatewayConfig) -> None:
@@ -126,16 +80,7 @@ class Gate:
         self._drain_max_wait = config.drain_max_wait
         classes = config.priority.classes or (config.priority.default,)
         self._default = config.priority.default if config.priority.default in classes else classes[-1]
-        if classes != self._classes:
-            waiters = sorted((w for q in self._queues for w in q), key=lambda w: w.arrived)
-            self._classes = classes
-            self._rank = {cls: i for i, cls in enumerate(classes)}
-            self._queues = [deque() for _ in classes]
-            for w in waiters:
-                if w.priority not in self._rank:
-                    w.priority = self._default
-                w.rank = self._rank[w.priority]
-                self._queues[w.rank].append(w)
+        self._queue.reclass(classes, self._default)
         for cls in classes:
             self._admitted.setdefault(cls, 0)
 
@@ -159,7 +104,7 @@ class Gate:
     @property
     def waiting(self) -> int:
         """Requests waiting in the queue (drain holds included)."""
-        return self._waiting
+        return self._queue.waiting
 
     @property
     def draining(self) -> bool:
@@ -171,10 +116,10 @@ class Gate:
     async def admit(self, session: str | None, priority: str) -> Ticket | Rejection:
         """Admit the request now, after waiting in the queue, or reject it."""
         now = self._monotonic()
-        rank = self._rank.get(priority)
+        rank = self._queue.rank.get(priority)
         if rank is None:
             priority = self._default
-            rank = self._rank[priority]
+            rank = self._queue.rank[priority]
         if session is not None:
             if self._breakers:
                 rejection = self._breaker_rejection(session, now)
@@ -182,32 +127,21 @@ class Gate:
                     return rejection
             wait = self._sessions.take(session)
             if wait > 0.0:
-                return self._reject(
-                    429,
-                    "session_rate",
-                    f"This session is over its rate of {self._sessions_rate()} requests/s; "
-                    f"retry after {_seconds(wait)}.",
-                    wait,
-                )
+                return self._rejections.session_rate(self._config.sessions.rate, wait)
         if self._draining:
             if self._drain_reject:
-                return self._drain_rejection()
+                return self._rejections.draining()
         elif self._in_flight < self._limit and (session is None or self._sessions.has_room(session)):
             return self._grant(session, priority, now, 0.0)
         return await self._wait(session, priority, rank, now)
 
     async def _wait(self, session: str | None, priority: str, rank: int, now: float) -> Ticket | Rejection:
-        if self._waiting >= self._max_queue and not self._shed_below(rank):
-            return self._reject(
-                429,
-                "queue_full",
-                f"The gateway is at capacity with {self._waiting} requests already waiting; retry shortly.",
-                self._queue_retry_after(),
-            )
+        waiting = self._queue.waiting
+        if waiting >= self._max_queue and not self._shed_below(rank):
+            return self._rejections.queue_full(waiting, self._queue_retry_after())
         loop = self._loop = asyncio.get_running_loop()
-        waiter = _Waiter(session, priority, rank, now, loop.create_future())
-        self._queues[rank].append(waiter)
-        self._waiting += 1
+        waiter = Waiter(session, priority, rank, now, loop.create_future())
+        self._queue.push(waiter)
         self._arm(waiter, loop)
         try:
             return await waiter.future
@@ -215,89 +149,54 @@ class Gate:
             # The client went away. Either we are still queued (leave the queue) or a slot was granted in the
             # same loop iteration as the cancellation (give it back).
             if waiter.future.cancelled() or not waiter.future.done():
-                self._unqueue(waiter)
+                self._queue.remove(waiter)
             else:
                 result = waiter.future.result()
                 if isinstance(result, Ticket):
                     result.release()
             raise
 
-    def _arm(self, waiter: _Waiter, loop: asyncio.AbstractEventLoop) -> None:
+    def _arm(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> None:
         if waiter.timer is not None:
             waiter.timer.cancel()
         waiter.held = self._draining
         timeout = self._drain_max_wait if self._draining else self._max_queue_time
         waiter.timer = loop.call_later(max(0.0, timeout), self._expire, waiter)
 
-    def _unqueue(self, waiter: _Waiter) -> None:
-        if waiter.timer is not None:
-            waiter.timer.cancel()
-            waiter.timer = None
-        if not waiter.queued:
-            return
-        waiter.queued = False
-        queue = self._queues[waiter.rank]
-        if queue and queue[0] is waiter:
-            queue.popleft()
-        else:
-            queue.remove(waiter)
-        self._waiting -= 1
-
-    def _finish(self, waiter: _Waiter, result: Ticket | Rejection) -> None:
-        self._unqueue(waiter)
+    def _finish(self, waiter: Waiter, result: Ticket | Rejection) -> None:
+        self._queue.remove(waiter)
         if not waiter.future.done():
             waiter.future.set_result(result)
         elif isinstance(result, Ticket):
-            result.release()  # _pick() skips finished futures; never leak a slot all the same
+            result.release()  # pick() skips finished futures; never leak a slot all the same
 
-    def _expire(self, waiter: _Waiter) -> None:
+    def _expire(self, waiter: Waiter) -> None:
         waiter.timer = None
         if not waiter.queued or waiter.future.done():
             return
         retry = self._queue_retry_after()
         if waiter.held:
-            self._finish(waiter, self._drain_timeout_rejection())
+            self._finish(waiter, self._rejections.drain_timeout(self._drain_max_wait))
         elif waiter.session is not None and not self._sessions.has_room(waiter.session):
             cap = self._sessions.max_in_flight
-            msg = (
-                f"This session already has {cap} requests in flight and none finished within "
-                f"{_seconds(self._max_queue_time)}; wait for one to finish."
-            )
-            self._finish(waiter, self._reject(429, "session_concurrency", msg, retry))
+            self._finish(waiter, self._rejections.session_concurrency(cap, self._max_queue_time, retry))
         else:
-            msg = f"No capacity freed up within {_seconds(self._max_queue_time)}; retry shortly."
-            self._finish(waiter, self._reject(429, "queue_timeout", msg, retry))
+            self._finish(waiter, self._rejections.queue_timeout(self._max_queue_time, retry))
 
     def _shed_below(self, rank: int) -> bool:
         """Make room for a request of `rank` by rejecting the newest waiter of the lowest lower class."""
-        for lower in range(len(self._queues) - 1, rank, -1):
-            queue = self._queues[lower]
-            if queue:
-                victim = queue[-1]
-                msg = "The gateway queue is full and higher-priority requests arrived; retry shortly."
-                self._finish(victim, self._reject(429, "queue_full", msg, self._queue_retry_after()))
-                return True
-        return False
-
-    def _pick(self) -> _Waiter | None:
-        """The first eligible waiter of the highest class (sessions at their cap are skipped)."""
-        sessions = self._sessions
-        for queue in self._queues:
-            while queue and queue[0].future.done():  # cancelled, its task has not run yet
-                self._unqueue(queue[0])
-            for waiter in queue:
-                if waiter.future.done():
-                    continue
-                if waiter.session is None or sessions.has_room(waiter.session):
-                    return waiter
-        return None
+        victim = self._queue.newest_below(rank)
+        if victim is None:
+            return False
+        self._finish(victim, self._rejections.shed(self._queue_retry_after()))
+        return True
 
     def _dispatch(self) -> None:
         if self._draining:
             return
         now: float | None = None
-        while self._waiting and self._in_flight < self._limit:
-            waiter = self._pick()
+        while self._queue.waiting and self._in_flight < self._limit:
+            waiter = self._queue.pick(self._sessions.has_room)
             if waiter is None:
                 return
             if now is None:
@@ -324,33 +223,14 @@ class Gate:
         self._in_flight -= 1
         if ticket.session is not None:
             self._sessions.release(ticket.session)
-        if self._waiting:
+        if self._queue.waiting:
             self._dispatch()
 
     # -- rejections ------------------------------------------------------------------------------------------
 
-    def _reject(self, status: int, reason: str, message: str, retry_after: float) -> Rejection:
-        self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        return Rejection(status, reason, message, max(retry_after, 1e-3))
-
-    def _sessions_rate(self) -> str:
-        rate = self._config.sessions.rate
-        return "?" if rate is None else f"{rate:g}"
-
     def _queue_retry_after(self) -> float:
         recent = self.recent_queue_time()
         return max(1.0, min(recent if recent is not None else 1.0, self._max_queue_time))
-
-    def _drain_rejection(self) -> Rejection:
-        msg = "The model server is drained for a restart or maintenance; retry in a few seconds."
-        return self._reject(503, "draining", msg, DRAIN_RETRY_AFTER)
-
-    def _drain_timeout_rejection(self) -> Rejection:
-        msg = (
-            f"The model server stayed drained for more than {_seconds(self._drain_max_wait)}; "
-            "retry in a few seconds."
-        )
-        return self._reject(503, "drain_timeout", msg, DRAIN_RETRY_AFTER)
 
     def _breaker_rejection(self, session: str, now: float) -> Rejection | None:
         breaker = self._breakers.get(session)
@@ -360,9 +240,7 @@ class Gate:
         if until <= now:
             del self._breakers[session]
             return None
-        left = until - now
-        msg = f"Requests of this session are paused for another {_seconds(left)} ({why}); retry after that."
-        return self._reject(429, "session_breaker", msg, left)
+        return self._rejections.breaker(until - now, why)
 
     # -- control ---------------------------------------------------------------------------------------------
 
@@ -387,27 +265,24 @@ class Gate:
     def _rearm_all(self) -> None:
         if self._loop is None:
             return
-        for queue in self._queues:
-            for waiter in queue:
-                if not waiter.future.done():
-                    self._arm(waiter, self._loop)
+        for waiter in self._queue:
+            if not waiter.future.done():
+                self._arm(waiter, self._loop)
 
     def _reject_all_waiters(self) -> None:
-        for queue in self._queues:
-            for waiter in list(queue):
-                self._finish(waiter, self._drain_rejection())
+        for waiter in list(self._queue):
+            self._finish(waiter, self._rejections.draining())
 
     def open_breaker(self, session: str, until: float, reason: str) -> None:
         """Reject the session's requests until `until` (monotonic); its queued requests are rejected now."""
         self._breakers[session] = (until, reason)
         now = self._monotonic()
-        if until <= now or not self._waiting:
+        if until <= now or not self._queue.waiting:
             return
-        for queue in self._queues:
-            for waiter in [w for w in queue if w.session == session]:
-                rejection = self._breaker_rejection(session, now)
-                if rejection is not None:
-                    self._finish(waiter, rejection)
+        for waiter in [w for w in self._queue if w.session == session]:
+            rejection = self._breaker_rejection(session, now)
+            if rejection is not None:
+                self._finish(waiter, rejection)
 
     def close_breaker(self, session: str) -> None:
         """Admit the session's requests again."""
@@ -452,11 +327,11 @@ class Gate:
             limit=self._limit,
             ceiling=self._ceiling,
             in_flight=self._in_flight,
-            queued={cls: len(q) for cls, q in zip(self._classes, self._queues, strict=True)},
+            queued=self._queue.lengths(),
             oldest_in_flight_age=max(0.0, now - oldest.admitted_at) if oldest is not None else 0.0,
             draining=self._draining,
             admitted_total=dict(self._admitted),
-            rejected_total=dict(self._rejected),
+            rejected_total=dict(self._rejections.counts),
             queue_time=self._queue_time.snapshot(),
             breakers_open=tuple(sorted(self.breakers())),
             session_in_flight=self._sessions.in_flight_by_session(),

@@ -16,11 +16,12 @@ import aiohttp
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
-from .admission import Gate, Rejection, Ticket
+from .admission import Gate, Ticket
 from .backoff import UpstreamBackoff
 from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
 from .config import GatewayConfig
 from .histogram import Histogram
+from .rejections import Rejection
 from .routes import BadPath, Route, normalise_path, route_of
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals

@@ -1,0 +1,109 @@
+"""The gate's wait queue: a FIFO per priority class, the highest class first. A waiter leaves it granted,
+rejected, timed out or cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .admission import Ticket
+    from .rejections import Rejection
+
+
+class Waiter:
+    """A request waiting for a slot; its future gets the ticket or the rejection."""
+
+    __slots__ = ("arrived", "future", "held", "priority", "queued", "rank", "session", "timer")
+
+    def __init__(
+        self,
+        session: str | None,
+        priority: str,
+        rank: int,
+        arrived: float,
+        future: asyncio.Future[Ticket | Rejection],
+    ) -> None:
+        self.session = session
+        self.priority = priority
+        self.rank = rank
+        self.arrived = arrived
+        self.future = future
+        self.queued = True
+        self.held = False  # its timer is the drain timer
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class WaitQueue:
+    """Waiters by priority class (rank 0 first), in order of arrival within a class."""
+
+    def __init__(self) -> None:
+        self.classes: tuple[str, ...] = ()
+        self.rank: dict[str, int] = {}
+        self.waiting = 0  # waiters still queued
+        self._queues: list[deque[Waiter]] = []
+
+    def reclass(self, classes: tuple[str, ...], default: str) -> None:
+        """Take the configured classes; a waiter keeps its arrival order, and one of a class gone gets
+        `default`."""
+        if classes == self.classes:
+            return
+        waiters = sorted((w for q in self._queues for w in q), key=lambda w: w.arrived)
+        self.classes = classes
+        self.rank = {cls: i for i, cls in enumerate(classes)}
+        self._queues = [deque() for _ in classes]
+        for w in waiters:
+            if w.priority not in self.rank:
+                w.priority = default
+            w.rank = self.rank[w.priority]
+            self._queues[w.rank].append(w)
+
+    def __iter__(self) -> Iterator[Waiter]:
+        for queue in self._queues:
+            yield from queue
+
+    def lengths(self) -> dict[str, int]:
+        """Waiters by class."""
+        return {cls: len(q) for cls, q in zip(self.classes, self._queues, strict=True)}
+
+    def push(self, waiter: Waiter) -> None:
+        """Queue a waiter at the end of its class."""
+        self._queues[waiter.rank].append(waiter)
+        self.waiting += 1
+
+    def remove(self, waiter: Waiter) -> None:
+        """Take a waiter out of the queue and stop its timer (a waiter already out: only the timer)."""
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        if not waiter.queued:
+            return
+        waiter.queued = False
+        queue = self._queues[waiter.rank]
+        if queue and queue[0] is waiter:
+            queue.popleft()
+        else:
+            queue.remove(waiter)
+        self.waiting -= 1
+
+    def newest_below(self, rank: int) -> Waiter | None:
+        """The newest waiter of the lowest class below `rank`, None if no lower class has one."""
+        for lower in range(len(self._queues) - 1, rank, -1):
+            queue = self._queues[lower]
+            if queue:
+                return queue[-1]
+        return None
+
+    def pick(self, has_room: Callable[[str], bool]) -> Waiter | None:
+        """The first eligible waiter of the highest class (sessions without room are skipped)."""
+        for queue in self._queues:
+            while queue and queue[0].future.done():  # cancelled, its task has not run yet
+                self.remove(queue[0])
+            for waiter in queue:
+                if waiter.future.done():
+                    continue
+                if waiter.session is None or has_room(waiter.session):
+                    return waiter
+        return None
