@@ -25,7 +25,8 @@ from vllm_watchdog.actions.restores import RESTORE_RECHECK
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.actions.supervisor import RESPAWN
-from vllm_watchdog.config.model import Config, TargetConfig, parse_config
+from vllm_watchdog.config.model import Config, parse_config
+from vllm_watchdog.config.targets import TargetConfig
 from vllm_watchdog.errors import ActionError
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.support.faultserver import FaultServer
-from vllm_watchdog.config.model import CanaryConfig
+from vllm_watchdog.config.targets import CanaryConfig
 from vllm_watchdog.sources.probes import CanaryProbe, HealthProbe
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..notifiers.hub import ActionEvent, NotificationHub
 from .config import ActionConfig
 from .state import ActionStore

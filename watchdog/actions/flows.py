@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import failpoints
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..errors import ActionError
 from .config import DISRUPTIVE
 from .readiness import ReadyCheck

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from ..background import Background
-from ..config.model import Config, TargetConfig
+from ..config.model import Config
+from ..config.targets import TargetConfig
 from ..gateway.config import GatewayConfig
 from ..gateway.handle import GatewayControl, GatewayControlOptions
 from ..gateway.link import GatewayLink

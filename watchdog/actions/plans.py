@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..errors import ActionError
 from . import args as vllm_args
 from .config import DRAFT_FLAGS, ActionConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..errors import ActionError
 from .config import GATEWAY_ACTIONS, ActionConfig
 from .gatewayactions import Gateway

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import httpx
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..sources.probes import CanaryProbe, HealthProbe
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import Config, TargetConfig
+from ..config.model import Config
+from ..config.targets import TargetConfig
 from ..gateway.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from .audit import Job
 from .config import ActionConfig
 from .state import ActionStore

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from .audit import Job
 from .config import ActionConfig
 from .rails import Rails

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..matchers import matches_all
 from .config import RouteConfig
 

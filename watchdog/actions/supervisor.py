@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from .audit import Job
 from .config import ActionConfig, Budget
 from .runtime import Runtime

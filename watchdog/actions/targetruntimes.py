@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..config.model import TargetConfig
+from ..config.targets import TargetConfig
 from ..errors import ActionError
 from .docker import DockerRuntime
 from .process import ProcessRuntime

@@ -10,20 +10,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from ..actions.config import ActionConfig, RouteConfig
 from ..errors import ConfigError, Problem
 from ..gateway.config import GatewayConfig, parse_gateway
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor
+from .addresses import http_url, parse_listen
 from .durations import parse_duration, parse_size
 from .files import UnreadableFileError, read_text, resolve_bundled
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
+from .targets import TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -39,57 +39,6 @@ class GlobalConfig:
     lookback_delta: float = 300.0
     keep_unreferenced: bool = False  # store families no rule reads (memory grows with targets)
     external_labels: Mapping[str, str] = field(default_factory=dict)  # added to alerts, as in Prometheus
-
-
-@dataclass(frozen=True)
-class CanaryConfig:
-    """A tiny completion that proves the engine really generates tokens."""
-
-    enabled: bool = True
-    model: str | None = None  # None: ask /v1/models
-    prompt: str = "Hello"
-    max_tokens: int = 1
-    interval: float = 5.0
-    timeout: float = 10.0
-    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token (vLLM --api-key)
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    """One vLLM server to watch."""
-
-    name: str
-    url: str
-    container: str | None = None
-    metrics_path: str = "/metrics"
-    health_path: str = "/health"
-    health_timeout: float = 2.0
-    health_probe: bool = True
-    canary: CanaryConfig = field(default_factory=CanaryConfig)
-    labels: Mapping[str, str] = field(default_factory=dict)
-    command: tuple[str, ...] = ()  # process mode: the watchdog launches and supervises this vLLM
-    env: Mapping[str, str] = field(default_factory=dict)  # process mode: extra environment
-    unit: str | None = None  # systemd mode: restart only
-    gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
-
-    @property
-    def mode(self) -> str | None:
-        """How actions reach the server: "docker", "process", "systemd", or None (watch only)."""
-        if self.container:
-            return "docker"
-        if self.command:
-            return "process"
-        return "systemd" if self.unit else None
-
-    @property
-    def metrics_url(self) -> str:
-        """Where /metrics is scraped."""
-        return self.url.rstrip("/") + self.metrics_path
-
-    @property
-    def health_url(self) -> str:
-        """Where /health is probed."""
-        return self.url.rstrip("/") + self.health_path
 
 
 @dataclass(frozen=True)
@@ -141,25 +90,6 @@ class Config:
             return ipaddress.ip_address(self.listen_host).is_loopback
         except ValueError:
             return False
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """Parse `host:port` or `[v6]:port`."""
-    m = re.match(r"^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]+)):(\d{1,5})$", text)
-    if m is None or not 0 < int(m.group(3)) < 65536:
-        raise ValueError(f"must be host:port, e.g. 127.0.0.1:9460, got {text!r}")
-    return (m.group(1) or m.group(2)), int(m.group(3))
-
-
-def _http_url(text: str) -> str:
-    parts = urlsplit(text)
-    try:  # .port raises ValueError for a port that is not a number or out of range
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise ValueError(f"must be an http(s) URL, got {text!r}")
-    return text
 
 
 def bundled_rules_dir() -> Path:
@@ -263,7 +193,7 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
     if "url" not in p:
         m["prometheus"].error("is required", field=f"{m['prometheus'].path}.url")
         return None
-    url = p["url"].parsed(_http_url)
+    url = p["url"].parsed(http_url)
     timeout = _positive_duration(p, "timeout")
     verify = p["verify_tls"].boolean() if "verify_tls" in p else None
     if url is None:
@@ -276,90 +206,12 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
     )
 
 
-def _canary(node: Node) -> CanaryConfig:
-    d = CanaryConfig()
-    if isinstance(node.node.value, str):  # `canary: false` shorthand
-        enabled = node.boolean()
-        return CanaryConfig(enabled=d.enabled if enabled is None else enabled)
-    m = node.mapping({"enabled", "model", "prompt", "max_tokens", "interval", "timeout", "api_key"})
-    if m is None:
-        return d
-    enabled = m["enabled"].boolean() if "enabled" in m else None
-    max_tokens = m["max_tokens"].integer(minimum=1) if "max_tokens" in m else None
-    interval = m["interval"].parsed(parse_duration) if "interval" in m else None
-    timeout = m["timeout"].parsed(parse_duration) if "timeout" in m else None
-    return CanaryConfig(
-        enabled=d.enabled if enabled is None else enabled,
-        model=m["model"].string() if "model" in m else None,
-        prompt=(m["prompt"].string() or d.prompt) if "prompt" in m else d.prompt,
-        max_tokens=max_tokens or d.max_tokens,
-        interval=interval or d.interval,
-        timeout=timeout or d.timeout,
-        api_key=(m["api_key"].string() or None) if "api_key" in m else None,
-    )
-
-
-def _target(node: Node) -> TargetConfig | None:
-    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
-    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"})
-    if m is None:
-        return None
-    for required in ("name", "url"):
-        if required not in m:
-            node.error("is required", field=f"{node.path}.{required}")
-    name = m["name"].string() if "name" in m else None
-    if name is not None and not _NAME.match(name):
-        m["name"].error("must be letters, digits, '_', '.' or '-'")
-        name = None
-    url = m["url"].parsed(_http_url) if "url" in m else None
-    d = TargetConfig(name=name or "-", url=url or "http://-")
-    paths = {}
-    for key in ("metrics_path", "health_path"):
-        value = m[key].string() if key in m else None
-        if value is not None and not value.startswith("/"):
-            m[key].error("must start with '/'")
-            value = None
-        paths[key] = value or getattr(d, key)
-    timeout = m["health_timeout"].parsed(parse_duration) if "health_timeout" in m else None
-    labels = m["labels"].string_map() if "labels" in m else None
-    for reserved in ("job", "instance"):
-        if labels and reserved in labels:
-            m["labels"].error(f"must not set {reserved!r}; it is derived from the target")
-    canary = _canary(m["canary"]) if "canary" in m else d.canary
-    probe = m["health_probe"].boolean() if "health_probe" in m else None
-    container = m["container"].string() if "container" in m else None
-    command = tuple(m["command"].string_list() or []) if "command" in m else ()
-    unit = m["unit"].string() if "unit" in m else None
-    if sum(bool(x) for x in (container, command, unit)) > 1:
-        node.error("set at most one of container, command or unit (how actions reach this server)")
-    if "command" in m and not command:
-        m["command"].error("must list the program and its arguments")
-    gpus = [item.integer(minimum=0) for item in m["gpus"].items()] if "gpus" in m else []
-    if name is None or url is None:
-        return None
-    return TargetConfig(
-        name=name,
-        url=url,
-        container=container,
-        metrics_path=paths["metrics_path"],
-        health_path=paths["health_path"],
-        health_timeout=timeout or d.health_timeout,
-        health_probe=d.health_probe if probe is None else probe,
-        canary=canary,
-        labels=labels or {},
-        command=command,
-        env=(m["env"].string_map() or {}) if "env" in m else {},
-        unit=unit,
-        gpus=tuple(g for g in gpus if g is not None),
-    )
-
-
 def _gpus(node: Node) -> GpuConfig:
     m = node.mapping({"nvml", "dcgm_url"})
     if m is None:
         return GpuConfig()
     nvml = m["nvml"].boolean() if "nvml" in m else None
-    dcgm = m["dcgm_url"].parsed(_http_url) if "dcgm_url" in m else None
+    dcgm = m["dcgm_url"].parsed(http_url) if "dcgm_url" in m else None
     return GpuConfig(nvml=bool(nvml), dcgm_url=dcgm)
 
 
@@ -396,13 +248,13 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
     listen = top["listen"].parsed(parse_listen) if "listen" in top else None
     targets: list[TargetConfig] = []
     for item in top["targets"].items() if "targets" in top else []:
-        target = _target(item)
+        target = parse_target(item)
         if target is not None and any(t.name == target.name for t in targets):
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
             targets.append(target)
     parts = read_includes(top["include"], base, bundled_rules_dir(), env) if "include" in top else []
-    actions, routes, notifiers = merge_remediation(top, parts, _http_url)
+    actions, routes, notifiers = merge_remediation(top, parts, http_url)
     for part in parts:
         problems.items.extend(part.problems.items)
         problems.secrets.extend(part.problems.secrets)

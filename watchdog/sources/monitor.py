@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..config.model import Config, TargetConfig
+from ..config.model import Config
+from ..config.targets import TargetConfig
 from ..logs import Recurring
 from ..ruler.files import RuleGroup, StoreNeeds, store_needs
 from ..scrapelog import ScrapeLog

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from ..config.model import CanaryConfig
+from ..config.targets import CanaryConfig
 
 PROBE_SERIES: dict[str, tuple[str, str]] = {
     "health": ("vllm_watchdog_health_up", "vllm_watchdog_health_latency_seconds"),

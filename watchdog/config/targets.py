@@ -1,0 +1,144 @@
+"""The `targets:` of the config: each vLLM server to watch, how actions reach it, and its canary."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .addresses import http_url
+from .durations import parse_duration
+from .yamlnodes import Node
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """A tiny completion that proves the engine really generates tokens."""
+
+    enabled: bool = True
+    model: str | None = None  # None: ask /v1/models
+    prompt: str = "Hello"
+    max_tokens: int = 1
+    interval: float = 5.0
+    timeout: float = 10.0
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token (vLLM --api-key)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """One vLLM server to watch."""
+
+    name: str
+    url: str
+    container: str | None = None
+    metrics_path: str = "/metrics"
+    health_path: str = "/health"
+    health_timeout: float = 2.0
+    health_probe: bool = True
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()  # process mode: the watchdog launches and supervises this vLLM
+    env: Mapping[str, str] = field(default_factory=dict)  # process mode: extra environment
+    unit: str | None = None  # systemd mode: restart only
+    gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
+
+    @property
+    def mode(self) -> str | None:
+        """How actions reach the server: "docker", "process", "systemd", or None (watch only)."""
+        if self.container:
+            return "docker"
+        if self.command:
+            return "process"
+        return "systemd" if self.unit else None
+
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics is scraped."""
+        return self.url.rstrip("/") + self.metrics_path
+
+    @property
+    def health_url(self) -> str:
+        """Where /health is probed."""
+        return self.url.rstrip("/") + self.health_path
+
+
+def parse_canary(node: Node) -> CanaryConfig:
+    """A target's `canary:` (a mapping, or `false`/`true`)."""
+    d = CanaryConfig()
+    if isinstance(node.node.value, str):  # `canary: false` shorthand
+        enabled = node.boolean()
+        return CanaryConfig(enabled=d.enabled if enabled is None else enabled)
+    m = node.mapping({"enabled", "model", "prompt", "max_tokens", "interval", "timeout", "api_key"})
+    if m is None:
+        return d
+    enabled = m["enabled"].boolean() if "enabled" in m else None
+    max_tokens = m["max_tokens"].integer(minimum=1) if "max_tokens" in m else None
+    interval = m["interval"].parsed(parse_duration) if "interval" in m else None
+    timeout = m["timeout"].parsed(parse_duration) if "timeout" in m else None
+    return CanaryConfig(
+        enabled=d.enabled if enabled is None else enabled,
+        model=m["model"].string() if "model" in m else None,
+        prompt=(m["prompt"].string() or d.prompt) if "prompt" in m else d.prompt,
+        max_tokens=max_tokens or d.max_tokens,
+        interval=interval or d.interval,
+        timeout=timeout or d.timeout,
+        api_key=(m["api_key"].string() or None) if "api_key" in m else None,
+    )
+
+
+def parse_target(node: Node) -> TargetConfig | None:
+    """One item of `targets:`; None when it is unusable (its problems are recorded)."""
+    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
+    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"})
+    if m is None:
+        return None
+    for required in ("name", "url"):
+        if required not in m:
+            node.error("is required", field=f"{node.path}.{required}")
+    name = m["name"].string() if "name" in m else None
+    if name is not None and not _NAME.match(name):
+        m["name"].error("must be letters, digits, '_', '.' or '-'")
+        name = None
+    url = m["url"].parsed(http_url) if "url" in m else None
+    d = TargetConfig(name=name or "-", url=url or "http://-")
+    paths = {}
+    for key in ("metrics_path", "health_path"):
+        value = m[key].string() if key in m else None
+        if value is not None and not value.startswith("/"):
+            m[key].error("must start with '/'")
+            value = None
+        paths[key] = value or getattr(d, key)
+    timeout = m["health_timeout"].parsed(parse_duration) if "health_timeout" in m else None
+    labels = m["labels"].string_map() if "labels" in m else None
+    for reserved in ("job", "instance"):
+        if labels and reserved in labels:
+            m["labels"].error(f"must not set {reserved!r}; it is derived from the target")
+    canary = parse_canary(m["canary"]) if "canary" in m else d.canary
+    probe = m["health_probe"].boolean() if "health_probe" in m else None
+    container = m["container"].string() if "container" in m else None
+    command = tuple(m["command"].string_list() or []) if "command" in m else ()
+    unit = m["unit"].string() if "unit" in m else None
+    if sum(bool(x) for x in (container, command, unit)) > 1:
+        node.error("set at most one of container, command or unit (how actions reach this server)")
+    if "command" in m and not command:
+        m["command"].error("must list the program and its arguments")
+    gpus = [item.integer(minimum=0) for item in m["gpus"].items()] if "gpus" in m else []
+    if name is None or url is None:
+        return None
+    return TargetConfig(
+        name=name,
+        url=url,
+        container=container,
+        metrics_path=paths["metrics_path"],
+        health_path=paths["health_path"],
+        health_timeout=timeout or d.health_timeout,
+        health_probe=d.health_probe if probe is None else probe,
+        canary=canary,
+        labels=labels or {},
+        command=command,
+        env=(m["env"].string_map() or {}) if "env" in m else {},
+        unit=unit,
+        gpus=tuple(g for g in gpus if g is not None),
+    )
