@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
-import re
-import sys
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 from starlette.types import Receive, Scope, Send
@@ -20,148 +16,20 @@ from .admission import Gate, Ticket
 from .backoff import UpstreamBackoff
 from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
 from .config import GatewayConfig
+from .headers import Incoming, response_headers
 from .histogram import Histogram
+from .interrupt import Interrupt
 from .rejections import Rejection
+from .replies import error_body, send_error, upstream_failure
 from .routes import BadPath, Route, normalise_path, route_of
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals
 from .snapshot import ProxySnapshot
 
-# RFC 9110 7.6.1: for one connection only, never forwarded (nor Proxy-*, nor what Connection names).
-HOP_BY_HOP = frozenset(
-    (b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"proxy-connection")
-)
-# Request headers the gateway sets itself: Host is the upstream's; the body is re-framed with its own
-# Content-Length; the client's Expect: 100-continue was already answered by our server.
-_REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
-# What uvicorn refuses to write in a header value (CR, LF and NUL among them); such a header is dropped.
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_JSON = [(b"content-type", b"application/json")]
 _OPTIONS_ALLOW = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"), (b"content-length", b"0")]
 log = logging.getLogger(__name__)
 # Close a keep-alive upstream connection before vLLM's uvicorn does (5 s), so a request never races its close.
 UPSTREAM_KEEPALIVE = 4.0
-
-
-def error_body(message: str, kind: str, code: str) -> bytes:
-    """An OpenAI-shaped JSON error."""
-    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
-
-
-async def send_error(
-    send: Send, status: int, body: bytes, extra: Iterable[tuple[bytes, bytes]] = (), close: bool = False
-) -> None:
-    """A complete JSON error response; `close` ends the connection (the request body was not read)."""
-    headers = [*_JSON, (b"content-length", b"%d" % len(body)), *extra]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-class _Interrupt:
-    """Cancels the request's task when the client disconnects or a deadline passes, and says which."""
-
-    __slots__ = ("_active", "_task", "_timer", "_watcher", "reason")
-
-    def __init__(self) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._active = True
-        self._timer: asyncio.TimerHandle | None = None
-        self._watcher: asyncio.Task[Any] | None = None
-        self.reason = ""
-
-    def deadline(self, delay: float) -> None:
-        """Interrupt with reason "timeout" after `delay` seconds unless clear_deadline() comes first."""
-        self._timer = self._task.get_loop().call_later(delay, self._fire, "timeout")
-
-    def clear_deadline(self) -> None:
-        """Drop the deadline."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def watch(self, receive: Receive) -> None:
-        """After the request body is read, any further ASGI message means the client went away."""
-        self._watcher = asyncio.ensure_future(receive())
-        self._watcher.add_done_callback(self._on_message)
-
-    def _on_message(self, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self._fire("disconnect")
-
-    def _fire(self, reason: str) -> None:
-        if self._active and not self.reason:
-            self.reason = reason
-            self._task.cancel()
-
-    def absorb(self) -> bool:
-        """In an `except CancelledError`: True if we caused it (then the task is no longer cancelling)."""
-        if not self.reason:
-            return False
-        if sys.version_info >= (3, 11):
-            self._task.uncancel()
-        return True
-
-    def close(self) -> None:
-        """Stop watching; the response is done."""
-        self._active = False
-        self.clear_deadline()
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-
-class _Incoming:
-    """The request headers to forward (hop-by-hop and unsendable ones dropped) and those the gateway reads."""
-
-    __slots__ = ("authorization", "body_lost", "content_type", "headers", "length", "priority", "session")
-
-    def __init__(
-        self, raw: Iterable[tuple[bytes, bytes]], session_header: bytes, priority_header: bytes
-    ) -> None:
-        self.headers: list[tuple[str, str]] = []
-        self.length = -1  # Content-Length, if given
-        self.content_type = self.authorization = self.session = self.priority = None
-        connection = None
-        upgrade = chunked = False
-        for name, value in raw:
-            if name in _REQUEST_DROP or name.startswith(b"proxy-"):
-                if name == b"content-length" and value.isdigit():
-                    self.length = int(value)
-                elif name == b"connection":
-                    connection = value
-                elif name == b"upgrade":
-                    upgrade = True
-                elif name == b"transfer-encoding":
-                    chunked = True
-                continue
-            if _BAD_VALUE.search(value):
-                continue
-            if value.isascii():
-                text = value.decode("ascii")
-            else:  # aiohttp writes header values as UTF-8: other obs-text could not be re-sent byte for byte
-                try:
-                    text = value.decode("utf-8")
-                except UnicodeDecodeError:
-                    continue
-            if name == b"content-type":
-                self.content_type = text
-            elif name == b"authorization":
-                self.authorization = text
-            elif name == session_header:
-                self.session = text
-            elif name == priority_header:
-                self.priority = text
-            self.headers.append((name.decode("latin-1"), text))
-        named: set[str] = set()
-        if connection is not None:
-            named = {t.strip().lower().decode("latin-1") for t in connection.split(b",")}
-            self.headers = [h for h in self.headers if h[0] not in named]
-        # The HTTP server treats a request asking for an upgrade it cannot do as ending with its headers: the
-        # body never reaches us, so forwarding the request would send the upstream a different one.
-        self.body_lost = upgrade and "upgrade" in named and (self.length > 0 or chunked)
 
 
 class Proxy:
@@ -222,7 +90,7 @@ class Proxy:
             await send({"type": "lifespan.shutdown.complete"})
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = _Incoming(scope["headers"], self._session_header, self._priority_header)
+        request = Incoming(scope["headers"], self._session_header, self._priority_header)
         headers = request.headers
         headers.append(("host", self._host))
         method: str = scope["method"]
@@ -246,7 +114,7 @@ class Proxy:
             why = "The gateway does not support protocol upgrades; a request body sent with one is lost."
             return await self._refuse(send, 400, "upgrade_not_supported", why)
 
-        interrupt = _Interrupt()
+        interrupt = Interrupt()
         ticket: Ticket | None = None
         trace: RequestTrace | None = None
         status = 499  # nginx's "client closed request", for the trace if nothing better is known
@@ -330,19 +198,7 @@ class Proxy:
                 self._ttfb.observe(self._monotonic() - ticket.admitted_at)
                 if self.backoff is not None:
                     self.backoff.observe(response.status, ticket.admitted_at)
-            out: list[tuple[bytes, bytes]] = []
-            drop: set[bytes] | None = None
-            for name, value in response.raw_headers:
-                lower = name.lower()
-                if lower in HOP_BY_HOP or lower.startswith(b"proxy-") or _BAD_VALUE.search(value):
-                    if lower == b"connection":
-                        drop = {t.strip().lower() for t in value.split(b",")}
-                    continue
-                if lower == b"content-type" and trace is not None:
-                    trace.set_content_type(value.decode("latin-1"))
-                out.append((lower, value))
-            if drop:
-                out = [h for h in out if h[0] not in drop]
+            out = response_headers(response.raw_headers, None if trace is None else trace.set_content_type)
             status = response.status
             await send({"type": "http.response.start", "status": status, "headers": out})
             started = True
@@ -359,7 +215,7 @@ class Proxy:
             finished = True
             return status
         except aiohttp.ClientError as exc:  # the timeout errors are ClientErrors too
-            kind, status, message = _classify(exc)
+            kind, status, message = upstream_failure(exc)
             self._errors[kind] = self._errors.get(kind, 0) + 1
             if started:
                 # The status is gone: end the connection without the final chunk, so that the client sees a
@@ -430,12 +286,3 @@ class Proxy:
         if self._client is not None:
             await self._client.close()
             self._client = None
-
-
-def _classify(exc: aiohttp.ClientError) -> tuple[str, int, str]:
-    """(upstream_errors kind, status for the client, message) for an upstream failure."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
-        return "connect", 502, "The gateway could not connect to the model server."
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return "timeout", 504, "The model server did not answer in time."
-    return "protocol", 502, "The model server's response was broken off or malformed."
