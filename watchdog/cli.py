@@ -7,10 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,6 @@ from .redact import Redactor
 if TYPE_CHECKING:
     from .config.model import Config
     from .ruler.files import RuleGroup
-    from .sources.monitor import Monitor
 
 EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
@@ -99,65 +96,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def escape_label(value: str) -> str:
-    """Escape a label value as the text format and PromQL print it."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _num(v: float) -> str:
-    """A sample value as Prometheus prints it: 6, 0.25, NaN, +Inf."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
-
-
-def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
-    name = next((v for k, v in labels if k == "__name__"), "")
-    rest = ", ".join(f'{k}="{escape_label(v)}"' for k, v in labels if k != "__name__")
-    return f"{name}{{{rest}}}"
-
-
 def cmd_query(args: argparse.Namespace) -> int:
     """Scrape every target once, evaluate one expression, and print the result."""
-    import asyncio
-
-    from .promql.compile import compile_expr
-    from .promql.engine import Engine
-    from .promql.remote import backend_for
-    from .promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+    from .commands.query import run_query
 
     logs.setup("error", fmt="text")
     loaded = _load(args)
     if loaded is None:
         return EXIT_INVALID
-    config = loaded[0]
-    try:
-        compile_expr(args.expr)
-    except PromQLError as exc:
-        print(f"vllm-watchdog: invalid expression: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    try:
-        if config.rule_backend is not None:
-            result: Value = backend_for(config.rule_backend).query(args.expr, time.time())
-        else:
-            monitor = asyncio.run(_scrape_once(config))
-            engine = Engine(monitor.store, lookback=config.global_.lookback_delta)
-            result = engine.query(args.expr, time.time())  # after the scrape, so its samples are visible
-    except QueryError as exc:
-        print(f"vllm-watchdog: query failed: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    if isinstance(result, (Scalar, String)):
-        print(f"{_num(result.value) if isinstance(result, Scalar) else result.value} @[{result.t_ms / 1000}]")
-    elif isinstance(result, Matrix):
-        for rs in result:
-            points = " ".join(f"{_num(v)} @[{t / 1000}]" for t, v in zip(rs.ts, rs.vals, strict=True))
-            print(f"{_format_labels(rs.labels)} =>\n{points}")
-    else:
-        for sample in sorted(result, key=lambda s: s.labels):
-            print(f"{_format_labels(sample.labels)} => {_num(sample.value)} @[{sample.t_ms / 1000}]")
-    return EXIT_OK
+    return EXIT_OK if run_query(loaded[0], args.expr, sys.stdout, sys.stderr) else EXIT_INVALID
 
 
 def cmd_test_rules(args: argparse.Namespace) -> int:
@@ -222,67 +169,15 @@ def cmd_top(args: argparse.Namespace) -> int:
     )
 
 
-async def _scrape_once(config: Config) -> Monitor:
-    import asyncio
-
-    import httpx
-
-    from .sources.monitor import Monitor
-
-    monitor = Monitor(config, (), client_factory=lambda: httpx.AsyncClient(trust_env=False), keep_all=True)
-    try:
-        now = time.time()
-        jobs = []
-        for name in monitor.targets:
-            jobs += [
-                monitor.scrape(name, now),
-                monitor.probe_health(name, now),
-                monitor.probe_canary(name, now),
-            ]
-        await asyncio.gather(*jobs)
-    finally:
-        await monitor.aclose()
-    return monitor
-
-
-def _fmt_probe(ok: bool | None, latency: float) -> str:
-    if ok is None:
-        return "-"
-    return f"{'ok' if ok else 'FAIL'} {latency * 1000:.0f}ms"
-
-
 def cmd_targets(args: argparse.Namespace) -> int:
     """Scrape every target once and print a table of their state."""
-    import asyncio
-
     logs.setup("error", fmt="text")
     loaded = _load(args)
     if loaded is None:
         return EXIT_INVALID
-    monitor = asyncio.run(_scrape_once(loaded[0]))
-    rows = [("TARGET", "URL", "UP", "SAMPLES", "SCRAPE", "HEALTH", "CANARY", "ERROR")]
-    all_up = True
-    for rt in monitor.targets.values():
-        st = rt.scrape.status
-        canary = rt.canary.status if rt.canary else None
-        errors = [e for e in (st.last_error, rt.health.status.last_error, canary and canary.last_error) if e]
-        all_up = all_up and st.up and bool(rt.health.status.ok) and (canary is None or bool(canary.ok))
-        rows.append(
-            (
-                rt.config.name,
-                rt.config.url,
-                "1" if st.up else "0",
-                str(st.samples),
-                f"{st.last_duration * 1000:.0f}ms",
-                _fmt_probe(rt.health.status.ok, rt.health.status.latency),
-                _fmt_probe(canary.ok, canary.latency) if canary else "off",
-                "; ".join(errors) or "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    return EXIT_OK if all_up else EXIT_DOWN
+    from .commands.targets import print_targets
+
+    return EXIT_OK if print_targets(loaded[0], sys.stdout) else EXIT_DOWN
 
 
 def _command(
