@@ -18,7 +18,8 @@ import pytest
 from tests.support.clock import Clock
 from tests.support.vllm_server import READY_TIMEOUT, ROOT, free_port
 from vllm_watchdog.actions.args import set_args
-from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime, ProcStat, read_stat
+from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
+from vllm_watchdog.actions.procfs import ProcStat, read_stat
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.errors import ActionError
 

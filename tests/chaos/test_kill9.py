@@ -29,7 +29,7 @@ from tests.support.stub_server import StubContainers, stub_args, wait_status, wr
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX
-from vllm_watchdog.actions.process import read_stat
+from vllm_watchdog.actions.procfs import read_stat
 from vllm_watchdog.failpoints import ENV, armed, reach
 
 TOKEN = "chaos-kill9"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -23,11 +22,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ActionError
+from .processstate import ProcessState, read_state, write_state
+from .procfs import Child, marked_leader, read_stat
 from .runtime import Launch
 
 log = logging.getLogger(__name__)
@@ -36,79 +36,6 @@ MARKER_ENV = "VLLM_WATCHDOG_PROCESS"
 EXIT_UNKNOWN = 255  # exit_code() of an adopted child that died: it did, but its status is lost
 _KILL_WAIT = 10.0  # after SIGKILL: the kernel frees a process in milliseconds, unless it is stuck in D state
 _POLL = 0.05
-_STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of /proc/<pid>/stat the runtime needs."""
-
-    pid: int
-    state: str  # R, S, D, Z (zombie), X (dead), ...
-    session: int
-    start_ticks: int  # clock ticks after boot: with the pid, identifies one process
-
-    @property
-    def gone(self) -> bool:
-        """Exited (a zombie waiting to be reaped counts as exited)."""
-        return self.state in ("Z", "X")
-
-
-def read_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
-    """The process's stat fields, or None if there is no such process."""
-    try:
-        text = Path(proc, str(pid), "stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ")".
-    fields = text[text.rfind(")") + 2 :].split()
-    try:
-        return ProcStat(pid, fields[0], int(fields[3]), int(fields[19]))
-    except (IndexError, ValueError):
-        return None
-
-
-def _all_stats(proc: str = "/proc") -> list[ProcStat]:
-    out = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(proc):
-            if name.isdigit() and (stat := read_stat(int(name), proc)) is not None:
-                out.append(stat)
-    return out
-
-
-@dataclass
-class _Child:
-    pid: int
-    start_ticks: int
-    started_at: float
-    argv: tuple[str, ...]
-    popen: subprocess.Popen[bytes] | None = None  # None: adopted from an earlier watchdog
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "start_ticks": self.start_ticks,
-            "started_at": self.started_at,
-            "argv": self.argv,
-        }
-
-    def alive(self) -> bool:
-        if self.popen is not None and self.popen.poll() is not None:
-            return False
-        stat = read_stat(self.pid)
-        return stat is not None and stat.start_ticks == self.start_ticks and not stat.gone
-
-    def members(self) -> list[ProcStat]:
-        """Live processes of the child's session; empty if the session id now belongs to someone else."""
-        leader = read_stat(self.pid)
-        if leader is not None and leader.start_ticks != self.start_ticks:
-            return []  # the pid (and so the session id) was reused: nothing there is ours
-        return [
-            s
-            for s in _all_stats()
-            if s.session == self.pid and not s.gone and s.start_ticks >= self.start_ticks
-        ]
 
 
 class ProcessRuntime:
@@ -133,7 +60,7 @@ class ProcessRuntime:
         self._configured = Launch("process", tuple(command), {"env": dict(env)})
         self._launch = self._configured
         self._previous: Launch | None = None
-        self._child: _Child | None = None
+        self._child: Child | None = None
         self._stopped_by_us = False
         self._log_path = log_path
         self._clock = clock
@@ -236,7 +163,7 @@ class ProcessRuntime:
         popen = self._popen(self._launch)
         stat = read_stat(popen.pid)  # readable even if it already exited: not reaped yet
         ticks = stat.start_ticks if stat is not None else -1
-        self._child = _Child(popen.pid, ticks, self._clock(), self._launch.args, popen)
+        self._child = Child(popen.pid, ticks, self._clock(), self._launch.args, popen)
         self._stopped_by_us = False
         self._write()
         log.info("target %s: started vLLM process %d", self.target, popen.pid)
@@ -286,7 +213,7 @@ class ProcessRuntime:
         self._child = None
         self._write()
 
-    async def _kill_leftovers(self, child: _Child) -> None:
+    async def _kill_leftovers(self, child: Child) -> None:
         if not child.members():
             return
         self._signal(child, signal.SIGKILL)
@@ -294,14 +221,14 @@ class ProcessRuntime:
             pids = [s.pid for s in child.members()]
             raise ActionError(f"target {self.target}: processes {pids} survived SIGKILL")
 
-    def _signal(self, child: _Child, sig: signal.Signals) -> None:
+    def _signal(self, child: Child, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, sig)  # the leader's process group: one atomic signal
         for member in child.members():  # and any that moved to a group of their own
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(member.pid, sig)
 
-    async def _wait_gone(self, child: _Child, timeout: float) -> bool:
+    async def _wait_gone(self, child: Child, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -312,7 +239,7 @@ class ProcessRuntime:
                 return False
             await asyncio.sleep(_POLL)
 
-    def _reap(self, child: _Child) -> None:
+    def _reap(self, child: Child) -> None:
         if child.popen is not None:
             child.popen.poll()
 
@@ -321,42 +248,17 @@ class ProcessRuntime:
     def _write(self) -> None:
         if self._state_path is None:
             return
-        child = self._child
-        state = {
-            "version": _STATE_VERSION,
-            "target": self.target,
-            "configured": _launch_dict(self._configured),
-            "launch": _launch_dict(self._launch),
-            "previous": _launch_dict(self._previous) if self._previous is not None else None,
-            "child": None if child is None else child.record(),
-        }
-        path = self._state_path
+        state = ProcessState(self._configured, self._launch, self._previous, self._child)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(state, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_state(self._state_path, self.target, state)
         except OSError as exc:
-            raise ActionError(f"target {self.target}: cannot write {path}: {exc}") from exc
+            raise ActionError(f"target {self.target}: cannot write {self._state_path}: {exc}") from exc
 
     def _load(self) -> None:
         assert self._state_path is not None
         try:
-            state = json.loads(self._state_path.read_text())
-            configured = _launch_from(state["configured"])
-            launch = _launch_from(state["launch"])
-            previous = _launch_from(state["previous"]) if state.get("previous") else None
-            record = state.get("child")
-            child = None
-            if record:
-                argv = tuple(str(a) for a in record.get("argv", ()))
-                child = _Child(
-                    int(record["pid"]), int(record["start_ticks"]), float(record["started_at"]), argv
-                )
+            saved = read_state(self._state_path)
+            configured, launch, previous, child = saved.configured, saved.launch, saved.previous, saved.child
         except FileNotFoundError:
             configured, launch, previous, child = self._configured, self._configured, None, None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -382,33 +284,9 @@ class ProcessRuntime:
         if self._child is not None and self._child.alive():
             log.info("target %s: adopted running vLLM process %d", self.target, self._child.pid)
 
-    def _find_unrecorded(self) -> _Child | None:
+    def _find_unrecorded(self) -> Child | None:
         """A session leader carrying our marker: started just before a crash, before it was recorded."""
-        marker = f"{MARKER_ENV}={self._state_path}".encode()
-        found: list[ProcStat] = []
-        for stat in _all_stats():
-            if stat.session != stat.pid or stat.gone:
-                continue
-            try:
-                environ = Path("/proc", str(stat.pid), "environ").read_bytes()
-            except OSError:
-                continue
-            if marker in environ.split(b"\0"):
-                found.append(stat)
-        if not found:
+        leader = marked_leader(f"{MARKER_ENV}={self._state_path}".encode())
+        if leader is None:
             return None
-        newest = max(found, key=lambda s: s.start_ticks)
-        return _Child(newest.pid, newest.start_ticks, self._clock(), self._launch.args)
-
-
-def _launch_dict(launch: Launch) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(launch.to_json())
-    return value
-
-
-def _launch_from(raw: Any) -> Launch:
-    launch = Launch.from_json(json.dumps(raw))
-    env = launch.data.get("env", {})
-    if launch.kind != "process" or not launch.args or not isinstance(env, dict):
-        raise ValueError("not a process launch")
-    return launch
+        return Child(leader.pid, leader.start_ticks, self._clock(), self._launch.args)
