@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.clock import T0, Clock
+from tests.support.configs import target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
@@ -39,34 +41,15 @@ from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore
 
-T0 = 1_700_000_000.0
 HOURS = 2 * 3600.0  # the size of every jump
 JUMPS = [-HOURS, HOURS]
 
 
-class Clocks:
-    """A wall clock and a monotonic clock that advance together, until jump() moves the wall clock alone."""
-
-    def __init__(self) -> None:
-        self.wall_now, self.mono_now = T0, 1_000.0
-
-    def wall(self) -> float:
-        return self.wall_now
-
-    def mono(self) -> float:
-        return self.mono_now
-
-    def advance(self, seconds: float) -> None:
-        self.wall_now += seconds
-        self.mono_now += seconds
-
-    def jump(self, seconds: float) -> None:
-        self.wall_now += seconds
-
-
 @pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
+def clock() -> Clock:
+    """The wall clock (calling it) and `clock.monotonic`, which advance together until `jump()` moves the wall
+    clock alone. They start apart, so that code reading one where it should read the other is caught."""
+    return Clock(T0, monotonic=1_000.0)
 
 
 @pytest.fixture
@@ -87,85 +70,83 @@ QUIET: dict[str, Any] = {
 TARGET = "vllm-0"
 
 
-def _run(store: ActionStore, act: ActionConfig, clocks: Clocks, seconds: float, outcome: str) -> None:
+def _run(store: ActionStore, act: ActionConfig, clock: Clock, seconds: float, outcome: str) -> None:
     """One run of `act` that takes `seconds`, stamped with the wall clock as the remediator stamps it."""
-    aid = store.begin(act.name, act.type, TARGET, "alert", {}, False, clocks.wall())
-    clocks.advance(seconds)
-    store.finish(aid, outcome, clocks.wall())
+    aid = store.begin(act.name, act.type, TARGET, "alert", {}, False, clock())
+    clock.advance(seconds)
+    store.finish(aid, outcome, clock())
 
 
-def _verdict(rails: Rails, act: ActionConfig, clocks: Clocks) -> tuple[str, float | None]:
-    v = rails.check(act, TARGET, {}, clocks.wall(), server_started_at=None)
+def _verdict(rails: Rails, act: ActionConfig, clock: Clock) -> tuple[str, float | None]:
+    v = rails.check(act, TARGET, {}, clock(), server_started_at=None)
     return ("" if v.allowed else v.rail), v.retry_at
 
 
 @pytest.mark.parametrize("jump", JUMPS)
-def test_backoff_waits_its_time_in_monotonic_seconds(store: ActionStore, clocks: Clocks, jump: float) -> None:
+def test_backoff_waits_its_time_in_monotonic_seconds(store: ActionStore, clock: Clock, jump: float) -> None:
     act = ActionConfig(
         name="restart", type="restart", **(QUIET | {"backoff_initial": 60.0, "backoff_max": 600.0})
     )
-    rails = Rails(store, monotonic=clocks.mono)
-    _run(store, act, clocks, 5, "failed")
-    rails.observe(clocks.wall())  # the remediator's tick, a second at most after the row was written
-    clocks.advance(20)
-    clocks.jump(jump)
-    rail, retry_at = _verdict(rails, act, clocks)
-    assert rail == "backoff" and retry_at == pytest.approx(clocks.wall() + 40)
-    clocks.advance(39)
-    assert _verdict(rails, act, clocks)[0] == "backoff"
-    clocks.advance(1.5)
-    assert _verdict(rails, act, clocks) == ("", None)
+    rails = Rails(store, monotonic=clock.monotonic)
+    _run(store, act, clock, 5, "failed")
+    rails.observe(clock())  # the remediator's tick, a second at most after the row was written
+    clock.advance(20)
+    clock.jump(jump)
+    rail, retry_at = _verdict(rails, act, clock)
+    assert rail == "backoff" and retry_at == pytest.approx(clock() + 40)
+    clock.advance(39)
+    assert _verdict(rails, act, clock)[0] == "backoff"
+    clock.advance(1.5)
+    assert _verdict(rails, act, clock) == ("", None)
     # Without the monotonic clock (as replays and the rail tests use them) the same rows follow the wall clock:
-    assert _verdict(Rails(store), act, clocks)[0] == ("backoff" if jump < 0 else "")
+    assert _verdict(Rails(store), act, clock)[0] == ("backoff" if jump < 0 else "")
 
 
 @pytest.mark.parametrize("jump", JUMPS)
-def test_cooldown_waits_its_time_in_monotonic_seconds(
-    store: ActionStore, clocks: Clocks, jump: float
-) -> None:
+def test_cooldown_waits_its_time_in_monotonic_seconds(store: ActionStore, clock: Clock, jump: float) -> None:
     act = ActionConfig(name="restart", type="restart", **(QUIET | {"cooldown": 900.0}))
-    rails = Rails(store, monotonic=clocks.mono)
-    _run(store, act, clocks, 30, "succeeded")
-    rails.observe(clocks.wall())
-    clocks.jump(jump)
-    clocks.advance(600)
-    rail, retry_at = _verdict(rails, act, clocks)
-    assert rail == "cooldown" and retry_at == pytest.approx(clocks.wall() + 270)
-    clocks.advance(271)
-    assert _verdict(rails, act, clocks) == ("", None)
+    rails = Rails(store, monotonic=clock.monotonic)
+    _run(store, act, clock, 30, "succeeded")
+    rails.observe(clock())
+    clock.jump(jump)
+    clock.advance(600)
+    rail, retry_at = _verdict(rails, act, clock)
+    assert rail == "cooldown" and retry_at == pytest.approx(clock() + 270)
+    clock.advance(271)
+    assert _verdict(rails, act, clock) == ("", None)
 
 
 @pytest.mark.parametrize("jump", JUMPS)
-def test_budget_window_slides_in_monotonic_seconds(store: ActionStore, clocks: Clocks, jump: float) -> None:
+def test_budget_window_slides_in_monotonic_seconds(store: ActionStore, clock: Clock, jump: float) -> None:
     act = ActionConfig(name="restart", type="restart", **(QUIET | {"max_per_window": Budget(2, 3600.0)}))
-    rails = Rails(store, monotonic=clocks.mono)
-    _run(store, act, clocks, 10, "succeeded")
-    rails.observe(clocks.wall())
-    clocks.advance(600)
-    _run(store, act, clocks, 10, "succeeded")
-    rails.observe(clocks.wall())
-    clocks.jump(jump)
-    clocks.advance(60)
-    assert rails.budget_left(act, TARGET, clocks.wall()) == 0
-    rail, retry_at = _verdict(rails, act, clocks)
-    assert rail == "budget" and retry_at == pytest.approx(clocks.wall() + 3600 - 680)  # the first run leaves
-    clocks.advance(3600 - 680 + 1)
-    assert _verdict(rails, act, clocks) == ("", None)
-    assert rails.budget_left(act, TARGET, clocks.wall()) == 1
+    rails = Rails(store, monotonic=clock.monotonic)
+    _run(store, act, clock, 10, "succeeded")
+    rails.observe(clock())
+    clock.advance(600)
+    _run(store, act, clock, 10, "succeeded")
+    rails.observe(clock())
+    clock.jump(jump)
+    clock.advance(60)
+    assert rails.budget_left(act, TARGET, clock()) == 0
+    rail, retry_at = _verdict(rails, act, clock)
+    assert rail == "budget" and retry_at == pytest.approx(clock() + 3600 - 680)  # the first run leaves
+    clock.advance(3600 - 680 + 1)
+    assert _verdict(rails, act, clock) == ("", None)
+    assert rails.budget_left(act, TARGET, clock()) == 1
 
 
 def test_rows_first_seen_after_a_jump_wait_at_most_their_whole_duration(
-    store: ActionStore, clocks: Clocks
+    store: ActionStore, clock: Clock
 ) -> None:
     """A row the rails never saw before the clock went back (written by an earlier process, say) is taken to
     be brand new: the wait is bounded by its duration instead of lasting until the clock catches up."""
     act = ActionConfig(name="restart", type="restart", **(QUIET | {"cooldown": 900.0}))
-    _run(store, act, clocks, 30, "succeeded")
-    clocks.jump(-HOURS)
-    rails = Rails(store, monotonic=clocks.mono)
-    assert _verdict(rails, act, clocks)[0] == "cooldown"
-    clocks.advance(901)
-    assert _verdict(rails, act, clocks) == ("", None)
+    _run(store, act, clock, 30, "succeeded")
+    clock.jump(-HOURS)
+    rails = Rails(store, monotonic=clock.monotonic)
+    assert _verdict(rails, act, clock)[0] == "cooldown"
+    clock.advance(901)
+    assert _verdict(rails, act, clock) == ("", None)
 
 
 # --- notifier backoff --------------------------------------------------------------------------------
@@ -209,7 +190,7 @@ async def test_notifier_backoff_survives_the_clock_going_back(fault: FaultServer
 
 
 @pytest.mark.anyio
-async def test_scrape_duration_is_monotonic(fault: FaultServer, clocks: Clocks) -> None:
+async def test_scrape_duration_is_monotonic(fault: FaultServer, clock: Clock) -> None:
     fault.set("/metrics", "a 1\n")
     store = SampleStore(600)
     async with httpx.AsyncClient() as client:
@@ -222,10 +203,10 @@ async def test_scrape_duration_is_monotonic(fault: FaultServer, clocks: Clocks) 
             timeout=5.0,
             sample_limit=100,
             body_size_limit=1 << 20,
-            monotonic=clocks.mono,
+            monotonic=clock.monotonic,
         )
-        clocks.jump(-HOURS)  # a jump during the scrape moves neither its duration nor its deadline
-        status = await t.scrape(clocks.wall())
+        clock.jump(-HOURS)  # a jump during the scrape moves neither its duration nor its deadline
+        status = await t.scrape(clock())
     assert status.up and status.last_duration == 0.0 and status.last_scrape == T0 - HOURS
 
 
@@ -233,13 +214,13 @@ async def test_scrape_duration_is_monotonic(fault: FaultServer, clocks: Clocks) 
 
 
 @pytest.fixture
-async def gateway(clocks: Clocks, store: ActionStore) -> Any:
+async def gateway(clock: Clock, store: ActionStore) -> Any:
     upstream = Upstream()
     config = GatewayConfig(target="vllm-0", upstream=upstream.url, listen_port=free_port(), max_in_flight=8)
-    server = GatewayServer(config, monotonic=clocks.mono)
-    link = LocalLink(server, monotonic=clocks.mono)
+    server = GatewayServer(config, monotonic=clock.monotonic)
+    link = LocalLink(server, monotonic=clock.monotonic)
     control = GatewayControl(
-        config, GatewayControlOptions(link, store, clock=clocks.wall, monotonic=clocks.mono)
+        config, GatewayControlOptions(link, store, clock=clock, monotonic=clock.monotonic)
     )
     await control.start()
     yield control
@@ -254,15 +235,15 @@ def _limit(control: GatewayControl) -> int:
 @pytest.mark.anyio
 @pytest.mark.parametrize("jump", JUMPS)
 async def test_throttle_recovery_and_hold_ttl_follow_the_monotonic_clock(
-    gateway: GatewayControl, clocks: Clocks, jump: float
+    gateway: GatewayControl, clock: Clock, jump: float
 ) -> None:
     spec = ThrottleSpec(factor=0.5, floor=1, step=2, step_interval=10.0)
     assert await gateway.throttle("squeeze/a", spec) == (8, 4)
-    clocks.jump(jump)
-    clocks.advance(HOLD_TTL - 5)
+    clock.jump(jump)
+    clock.advance(HOLD_TTL - 5)
     await gateway.tick()
     assert _limit(gateway) == 4  # still held: its alert was seen less than HOLD_TTL ago (monotonic)
-    clocks.advance(10)
+    clock.advance(10)
     await gateway.tick()  # the hold went stale and is released
     for _ in range(50):
         await asyncio.sleep(0.02)  # the release runs on the gateway's loop
@@ -270,7 +251,7 @@ async def test_throttle_recovery_and_hold_ttl_follow_the_monotonic_clock(
             break
     seen = []
     for _ in range(3):
-        clocks.advance(10.0)
+        clock.advance(10.0)
         await gateway.tick()
         seen.append(_limit(gateway))
     assert seen == [6, 8, 8]  # one step per step_interval of monotonic time
@@ -279,18 +260,18 @@ async def test_throttle_recovery_and_hold_ttl_follow_the_monotonic_clock(
 @pytest.mark.anyio
 @pytest.mark.parametrize("jump", JUMPS)
 async def test_breaker_lasts_its_duration_and_is_persisted_in_wall_time(
-    gateway: GatewayControl, clocks: Clocks, store: ActionStore, jump: float
+    gateway: GatewayControl, clock: Clock, store: ActionStore, jump: float
 ) -> None:
     await gateway.open_breaker("agent-7", 60.0, "looping")
-    opened_at = clocks.wall()
-    clocks.jump(jump)
-    clocks.advance(59)
+    opened_at = clock()
+    clock.jump(jump)
+    clock.advance(59)
     status = await gateway.status_json()
     assert status["breakers"]["agent-7"]["seconds_left"] == pytest.approx(1.0)
     await gateway.persist()  # saved as a wall-clock end: now + what is left
     saved = store.get("gateway/vllm-0")["breakers"]["agent-7"]
-    assert saved[0] == pytest.approx(clocks.wall() + 1.0) and saved[0] != pytest.approx(opened_at + 60)
-    clocks.advance(2)
+    assert saved[0] == pytest.approx(clock() + 1.0) and saved[0] != pytest.approx(opened_at + 60)
+    clock.advance(2)
     assert (await gateway.status_json())["breakers"] == {}
 
 
@@ -334,20 +315,20 @@ def test_firing_alerts_are_resent_after_the_clock_goes_back() -> None:
     assert [a.state for a in sent] == ["firing"]
 
 
-def test_own_budget_alert_is_resent_after_the_clock_goes_back(store: ActionStore, clocks: Clocks) -> None:
+def test_own_budget_alert_is_resent_after_the_clock_goes_back(store: ActionStore, clock: Clock) -> None:
     act = ActionConfig(name="restart", type="restart", **(QUIET | {"max_per_window": Budget(1, 3600.0)}))
-    rails = Rails(store, monotonic=clocks.mono)
+    rails = Rails(store, monotonic=clock.monotonic)
     own = WatchdogAlerts(rails)
-    _run(store, act, clocks, 10, "succeeded")
-    rails.observe(clocks.wall())
-    verdict = rails.check(act, TARGET, {}, clocks.wall(), server_started_at=None)
+    _run(store, act, clock, 10, "succeeded")
+    rails.observe(clock())
+    verdict = rails.check(act, TARGET, {}, clock(), server_started_at=None)
     assert verdict.rail == "budget"
-    assert [a.state for a in own.after_skip(act, TARGET, verdict, clocks.wall())] == ["firing"]
-    clocks.jump(-HOURS)
+    assert [a.state for a in own.after_skip(act, TARGET, verdict, clock())] == ["firing"]
+    clock.jump(-HOURS)
     resent = []
     for second in range(1, int(RESEND) + 1):
-        clocks.advance(1)
-        resent += [(second, a.state) for a in own.tick({"restart": act}, clocks.wall())]
+        clock.advance(1)
+        resent += [(second, a.state) for a in own.tick({"restart": act}, clock())]
     assert resent[:1] == [(1, "firing")]  # at once, then every RESEND seconds: not after 2 h
 
 
@@ -395,12 +376,9 @@ async def test_daemon_goes_on_storing_and_evaluating_after_the_clock_goes_back(
     )
     cfg = tmp_path / "watchdog.yml"
     cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-rule_files: [{rules}]
-targets: [{{name: vllm-0, url: "{fault.url}", canary: false, health_probe: false}}]
-"""
+        watchdog_yaml(
+            target(fault.url, health_probe=False), port=port, token=None, rest=f"rule_files: [{rules}]\n"
+        )
     )
     wall = JumpingWall()
     daemon = Daemon.load(DaemonOptions(str(cfg), env={}, clock=wall))
