@@ -16,14 +16,13 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import VllmRuntime, remove_container, unique_name, wait_http
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
-TOKEN = "docker-e2e"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
 RULES = """
 groups:
@@ -38,18 +37,13 @@ groups:
 
 
 def _config(tmp_path: Path, port: int, container: str, vport: int, hook: str) -> Path:
-    cfg = tmp_path / "watchdog.yml"
     (tmp_path / "spec.rules.yml").write_text(RULES)
     fast = "startup_grace: 0s, drain_timeout: 5s, stop_timeout: 30s, ready_timeout: 4m"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-d, url: "http://127.0.0.1:{vport}", container: {container}, canary: false}}
-rule_files: [spec.rules.yml]
+    return write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{vport}", name="vllm-d", container=container),
+        port=port,
+        rest=f"""rule_files: [spec.rules.yml]
 routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
   - {{match: {{alertname: VLLMCrashy}}, actions: [restart_capped]}}
@@ -62,9 +56,8 @@ actions:
   broken: {{type: reconfigure, set: {{--not-a-vllm-flag: "1"}}, startup_grace: 0s, stop_timeout: 30s, ready_timeout: 4m}}
 notifiers:
   - {{type: webhook, url: "{hook}"}}
-"""
+""",
     )
-    return cfg
 
 
 @pytest.fixture

@@ -13,13 +13,12 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import PAYLOAD, wait_for
+from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
-TOKEN = "ctl-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RULES = """
 groups:
   - name: q
@@ -47,16 +46,11 @@ async def plane(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[str, 
     stub.chmod(0o755)
     (tmp_path / "q.rules.yml").write_text(RULES)
     port = free_port()
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{fault.url}", unit: vllm-test.service, canary: false}}
-rule_files: [q.rules.yml]
+    cfg = write_config(
+        tmp_path,
+        target(fault.url, unit="vllm-test.service"),
+        port=port,
+        rest=f"""rule_files: [q.rules.yml]
 routes:
   - {{match: {{alertname: Backlog}}, actions: [restart]}}
   - {{match: {{alertname: Hung}}, actions: [restart]}}
@@ -65,7 +59,7 @@ actions:
 notifiers:
   - {{type: webhook, url: "{fault.url}/hook"}}
 dry_run: true
-"""
+""",
     )
     d = Daemon.load(DaemonOptions(str(cfg), env={}, systemctl=(str(stub),)))
     ready = asyncio.Event()

@@ -25,38 +25,33 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import PAYLOAD
+from tests.support.configs import AUTH, write_config
+from tests.support.configs import target as target_entry  # `target` is this module's fake vLLM fixture
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
 from vllm_watchdog.actions.state import ACTIONS_DB, ActionStore
 from vllm_watchdog.api.control import MAX_INBOUND_ALERTS
 
-TOKEN = "hostile-api-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+JSON_AUTH = {**AUTH, "Content-Type": "application/json"}
 LONG = "a." * 25_000 + "="  # 50 kB: every `a` could start a name; quadratic redaction took 37 s on it
 SURROGATE = "\\ud800"  # as JSON writes it: json.loads accepts it, no UTF-8 encoder does
 STORED_SURROGATE = "pod-\ud800"
 READ_LIMIT = 15.0  # every read here answers in milliseconds; the old redaction took 37 s
 
 
-def _config(tmp_path: Path, target: str, port: int) -> Path:
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{target}", canary: false}}
-actions:
-  restart: {{type: restart}}
+def _config(tmp_path: Path, url: str, port: int) -> Path:
+    return write_config(
+        tmp_path,
+        target_entry(url),
+        port=port,
+        rest="""actions:
+  restart: {type: restart}
 routes:
-  - {{match: {{alertname: Hostile}}, actions: [restart]}}
+  - {match: {alertname: Hostile}, actions: [restart]}
 dry_run: true
-"""
+""",
     )
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +95,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, target: FaultServer) -> Iterat
 
 def _post(url: str, body: bytes | dict[str, Any]) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(url, content=content, headers=AUTH, timeout=READ_LIMIT)
+    return httpx.post(url, content=content, headers=JSON_AUTH, timeout=READ_LIMIT)
 
 
 def _alert(i: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from tests.service.test_daemon import PAYLOAD, wait_for
+from tests.support.configs import AUTH, TOKEN, target, write_config
 from tests.support.docker_engine import ServerContainers, wait_http
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -34,8 +35,6 @@ from vllm_watchdog.gateway.config import GatewayConfig
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
-TOKEN = "security-api-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RELOAD_LIMIT = 64 * 1024
 
 
@@ -81,19 +80,16 @@ async def api(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[str, in
     """A daemon with a token and a gateway (so that every route has something behind it); base URL, port, config."""
     fault.vllm_like(PAYLOAD)
     port, gport = free_port(), free_port()
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{fault.url}", canary: false}}
-actions:
+    cfg = write_config(
+        tmp_path,
+        target(fault.url),
+        port=port,
+        global_settings=None,
+        rest=f"""actions:
   restart: {{type: restart}}
 gateway: {{listen: "127.0.0.1:{gport}"}}
 dry_run: true
-"""
+""",
     )
     d, task = await _start(cfg)
     yield f"http://127.0.0.1:{port}", port, cfg
@@ -315,20 +311,15 @@ async def stack(
     mine, mine_port = server_containers.run()
     decoy, decoy_port = server_containers.run()
     port = free_port()
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-d, url: "http://127.0.0.1:{mine_port}", container: {mine}, canary: false}}
-routes:
-  - {{match: {{alertname: Hung}}, actions: [restart]}}
+    cfg = write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{mine_port}", name="vllm-d", container=mine),
+        port=port,
+        rest="""routes:
+  - {match: {alertname: Hung}, actions: [restart]}
 actions:
-  restart: {{type: restart, cooldown: 0s, startup_grace: 0s, drain_timeout: 1s, stop_timeout: 5s, ready_timeout: 3s}}
-"""
+  restart: {type: restart, cooldown: 0s, startup_grace: 0s, drain_timeout: 1s, stop_timeout: 5s, ready_timeout: 3s}
+""",
     )
     d = Daemon.load(DaemonOptions(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120)))
     ready = asyncio.Event()

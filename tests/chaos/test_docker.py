@@ -37,12 +37,12 @@ import docker
 import httpx
 from docker.errors import DockerException, NotFound
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import host_binds
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import inbound_alert, poll
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX
 
-TOKEN = "chaos-docker-token"
 IMAGE = "chaos/hostroot:1"
 ENGINE_LIMIT = 60.0
 LIMIT = 90.0
@@ -210,19 +210,12 @@ def test_docker_engine_down_mid_restart_fails_cleanly_retries_and_reconciles(
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cfg, log = tmp_path / "watchdog.yml", tmp_path / "watchdog.log"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-d
-    url: {target_url}
-    container: {name}
-    canary: false
-routes:
+    log = tmp_path / "watchdog.log"
+    cfg = write_config(
+        tmp_path,
+        target(target_url, name="vllm-d", container=name),
+        port=port,
+        rest=f"""routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
 actions:
   restart:
@@ -235,7 +228,7 @@ actions:
     drain_timeout: 1s
     stop_timeout: {STOP_TIMEOUT}s
     ready_timeout: 60s
-"""
+""",
     )
     with log.open("ab") as out:
         wd = subprocess.Popen(
@@ -249,9 +242,7 @@ actions:
 
     # The alert arrives once, as an Alertmanager sends it; the restart reaches `docker stop`.
     hung = inbound_alert("VLLMEngineHung", "vllm-d")
-    resp = httpx.post(
-        base + "/api/v1/alertmanager", json=hung, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-    )
+    resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=AUTH, timeout=10)
     assert resp.status_code == 200 and resp.json()["queued"] == 1
     poll(
         base + "/api/v1/actions",

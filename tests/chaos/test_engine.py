@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.stub_server import StubContainers
 from tests.support.vllm_server import ROOT, free_port
@@ -36,7 +37,6 @@ from tests.support.watchdogproc import (
     start_with_process_target,
 )
 
-TOKEN = "chaos-engine"
 LIMIT = 600.0  # bound on a detection plus a real vLLM restart on 2 busy cores; never asserted on
 GRACE = 30  # seconds of start-up grace: more than a warm vLLM start here
 BODY = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4, "temperature": 0}
@@ -105,19 +105,17 @@ def test_a_hung_then_a_killed_engine_is_restarted(
     base, log = f"http://127.0.0.1:{port}", tmp_path / "watchdog.log"
     fault.set("/hook", b"ok")
     scaled_rules(tmp_path / "chaos.rules.yml", ["VLLMEngineHung", "VLLMEngineStalled"], "15s", "5s")
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-c
-    url: http://127.0.0.1:{vport}
-    canary: {{enabled: true, interval: 2s, timeout: 3s}}
-    command: [bash, {ROOT / "scripts" / "serve-vllm.sh"}, --port, "{vport}", --max-num-seqs, "2"]
-rule_files: [chaos.rules.yml]
+    command = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vport), "--max-num-seqs", "2"]
+    cfg = write_config(
+        tmp_path,
+        target(
+            f"http://127.0.0.1:{vport}",
+            name="vllm-c",
+            canary={"enabled": True, "interval": "2s", "timeout": "3s"},
+            command=command,
+        ),
+        port=port,
+        rest=f"""rule_files: [chaos.rules.yml]
 gateway: {{listen: "127.0.0.1:{gport}", target: vllm-c}}
 include: ["bundled:watchdog.yml"]
 actions:
@@ -131,7 +129,7 @@ actions:
     max_per_window: {{count: 3, window: 6h}}
 notifiers:
   - {{type: webhook, url: "{fault.url}/hook"}}
-"""
+""",
     )
     _, first_server = start_with_process_target(cfg, log, base, vport, cleanup)
     poll(
@@ -234,16 +232,11 @@ def test_a_killed_server_is_restarted_and_a_crash_loop_stops_at_the_budget(
     crash = tmp_path / "crash"
     name, vport = stubs.run(["--crash-file", str(crash)], rw=[tmp_path])
     scaled_rules(tmp_path / "chaos.rules.yml", ["VLLMDown"], "15s", "2s")
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: stub, url: "http://127.0.0.1:{vport}", container: {name}, canary: false}}
-rule_files: [chaos.rules.yml]
+    cfg = write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{vport}", name="stub", container=name),
+        port=port,
+        rest=f"""rule_files: [chaos.rules.yml]
 include: ["bundled:watchdog.yml"]
 actions:
   graceful-restart:  # the bundled rails (3 per 6h, crash loop 3 in 10m) scaled down to 2
@@ -260,7 +253,7 @@ actions:
     backoff_max: 2s
 notifiers:
   - {{type: webhook, url: "{fault.url}/hook"}}
-"""
+""",
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.terminate(), wd.wait(20)))

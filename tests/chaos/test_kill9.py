@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.stub_server import StubContainers, stub_args, wait_status, write_stub
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll
@@ -32,8 +33,6 @@ from vllm_watchdog.actions.docker import BACKUP_SUFFIX
 from vllm_watchdog.actions.procfs import read_stat
 from vllm_watchdog.failpoints import ENV, armed, reach
 
-TOKEN = "chaos-kill9"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SPEC = '{"method":"ngram","num_speculative_tokens":4}'
 TERM_DELAY = "3"
 LIMIT = 60.0  # bound on each wait; never asserted on
@@ -56,24 +55,19 @@ EXPECTED = {
 CASES = [(flow, phase) for flow, phases in EXPECTED.items() for phase in phases]
 
 
-def _config(tmp_path: Path, port: int, gport: int, vport: int, how: str) -> Path:
+def _config(tmp_path: Path, port: int, gport: int, vport: int, how: dict[str, Any]) -> Path:
+    """`how` is the target's `container` or its `command`."""
     fast = "startup_grace: 0s, cooldown: 0s, drain_timeout: 2s, stop_timeout: 20s, ready_timeout: 30s"
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: stub, url: "http://127.0.0.1:{vport}", canary: false, {how}}}
-gateway: {{listen: "127.0.0.1:{gport}", target: stub, drain_max_wait: 5s}}
+    return write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{vport}", name="stub", **how),
+        port=port,
+        rest=f"""gateway: {{listen: "127.0.0.1:{gport}", target: stub, drain_max_wait: 5s}}
 actions:
   restart: {{type: restart, {fast}}}
   draft-off: {{type: disable_draft, {fast}}}
-"""
+""",
     )
-    return cfg
 
 
 def _watchdog(cfg: Path, log: Path, failpoint: str | None) -> subprocess.Popen[bytes]:
@@ -144,10 +138,10 @@ def test_kill_9_at_each_phase_reconciles(
         stubs: StubContainers = request.getfixturevalue("stubs")
         client = stubs.client
         name, vport = stubs.run(server_args)
-        how = f"container: {name}"
+        how: dict[str, Any] = {"container": name}
     else:
         vport = free_port()
-        how = f"command: {[sys.executable, str(script), '--port', str(vport), *server_args]!r}"
+        how = {"command": [sys.executable, str(script), "--port", str(vport), *server_args]}
         cleanup.append(lambda: [os.killpg(pid, signal.SIGKILL) for pid in _stubs_on(vport, script)])
     cfg = _config(tmp_path, port, gport, vport, how)
     failpoint = None if phase == "stopping" else phase

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.configs import FAST, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
@@ -178,18 +179,13 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
     port = free_port()
     cfg, log = tmp_path / "watchdog.yml", tmp_path / "watchdog.log"
     cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, scrape_timeout: {SCRAPE_TIMEOUT:g}s, evaluation_interval: 1s, keep_unreferenced: true}}
-listen: 127.0.0.1:{port}
-targets:
-  - name: healthy
-    url: {fault.url}
-    canary: {{interval: 2s, timeout: 5s}}
-  - name: faulty
-    url: {chaos.url}
-    health_probe: false
-    canary: false
-"""
+        watchdog_yaml(
+            target(fault.url, name="healthy", canary={"interval": "2s", "timeout": "5s"}),
+            target(chaos.url, name="faulty", health_probe=False),
+            port=port,
+            token=None,
+            global_settings={**FAST, "scrape_timeout": f"{SCRAPE_TIMEOUT:g}s", "keep_unreferenced": True},
+        )
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))

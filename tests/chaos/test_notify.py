@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from tests.support.alertmanager_server import AlertmanagerServer
+from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
@@ -101,23 +102,21 @@ def test_receivers_down_for_a_minute_and_a_kill_9_lose_nothing(
     cleanup.append(am.close)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cfg, log = tmp_path / "watchdog.yml", tmp_path / "watchdog.log"
+    log = tmp_path / "watchdog.log"
     rules = tmp_path / "chaos.rules.yml"
     rules.write_text(
         "groups:\n  - name: chaos\n    rules:\n      - alert: ChaosFlip\n        expr: chaos_flag > 0\n"
     )
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-state_dir: {tmp_path / "state"}
-rule_files: [{rules}]
-targets:
-  - {{name: vllm-0, url: "{fault.url}", health_probe: false, canary: false}}
+    cfg = write_config(
+        tmp_path,
+        target(fault.url, health_probe=False),
+        port=port,
+        token=None,
+        rest=f"""rule_files: [{rules}]
 notifiers:
   - {{type: webhook, name: hook, url: "http://127.0.0.1:{hook.port}/hook", timeout: 2s, backoff_initial: 1s, backoff_max: 4s}}
   - {{type: alertmanager, name: am, url: "{am.url}", timeout: 2s, backoff_initial: 1s, backoff_max: 4s}}
-"""
+""",
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))

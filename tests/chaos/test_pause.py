@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.chaos.test_engine import actions, engine_core, firing_seen, session_members
+from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import (
@@ -40,7 +41,6 @@ from tests.support.watchdogproc import (
     start_with_process_target,
 )
 
-TOKEN = "chaos-pause"
 GRACE = 20  # seconds of start-up grace: the rail that refuses below must be engine_paused, not this one
 PAUSE = 25.0  # longer than every scaled window plus its for: (10 s + 5 s), and the gateway's 10 s + 5 s
 LIMIT = 600.0
@@ -90,20 +90,18 @@ def test_an_engine_paused_in_each_mode_is_left_alone_and_a_frozen_one_is_still_r
     vllm, gateway = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{gport}"
     fault.set("/hook", b"ok")
     scaled_rules(tmp_path / "chaos.rules.yml")
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-p
-    url: {vllm}
-    canary: {{enabled: true, interval: 2s, timeout: 3s}}
-    command: [bash, {ROOT / "scripts" / "serve-vllm.sh"}, --port, "{vport}", --max-num-seqs, "4"]
-    env: {{VLLM_SERVER_DEV_MODE: "1"}}
-rule_files: [chaos.rules.yml]
+    command = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vport), "--max-num-seqs", "4"]
+    cfg = write_config(
+        tmp_path,
+        target(
+            vllm,
+            name="vllm-p",
+            canary={"enabled": True, "interval": "2s", "timeout": "3s"},
+            command=command,
+            env={"VLLM_SERVER_DEV_MODE": "1"},
+        ),
+        port=port,
+        rest=f"""rule_files: [chaos.rules.yml]
 gateway: {{listen: "127.0.0.1:{gport}", target: vllm-p}}
 include: ["bundled:watchdog.yml"]
 actions:
@@ -117,9 +115,8 @@ actions:
     max_per_window: {{count: 3, window: 6h}}
 notifiers:
   - {{type: webhook, url: "{fault.url}/hook"}}
-"""
+""",
     )
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     _, server = start_with_process_target(cfg, log, base, vport, cleanup)
     poll(
         base + "/api/v1/targets",
@@ -160,7 +157,7 @@ notifiers:
             time.sleep(0.2)
         if mode == "keep":  # an operator's own rule that does not know about pauses asks for a restart
             body = inbound_alert("VLLMEngineHung", "vllm-p")
-            sent = httpx.post(base + "/api/v1/alertmanager", json=body, headers=auth, timeout=10)
+            sent = httpx.post(base + "/api/v1/alertmanager", json=body, headers=AUTH, timeout=10)
             assert sent.status_code < 300, sent.text
         time.sleep(max(0.0, paused_at + PAUSE - time.monotonic()))
         # the pause holds them (vLLM's behaviour, checked so that the rest means something)

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import inbound_alert, poll, start_watchdog
@@ -34,7 +35,6 @@ from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.notifiers.queue import MEMORY_ID_BASE, DeliveryQueue, NewItem
 from vllm_watchdog.statehealth import PROBE_FILE, StateHealth, probe_write
 
-TOKEN = "statedir-test-token"
 ALERT = "VLLMWatchdogStateUnwritable"
 METRICS = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 0
@@ -204,20 +204,12 @@ def test_queue_that_cannot_write_its_file_keeps_its_items(tmp_path: Path) -> Non
 def _config(tmp_path: Path, port: int, fault: FaultServer, marker: str) -> Path:
     """A process-mode target whose 'vLLM' is a sleeping child (found by `marker`), scraped at the FaultServer;
     inbound VLLMEngineHung restarts it; every alert goes to a webhook on the FaultServer."""
-    cfg = tmp_path / "watchdog.yml"
     sleeper = [sys.executable, "-c", "import time; time.sleep(3600)", marker]
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-rule_files: ["bundled:vllm.rules.yml"]
-targets:
-  - name: vllm-s
-    url: {fault.url}
-    canary: false
-    command: {sleeper!r}
+    return write_config(
+        tmp_path,
+        target(fault.url, name="vllm-s", command=sleeper),
+        port=port,
+        rest=f"""rule_files: ["bundled:vllm.rules.yml"]
 routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
 actions:
@@ -225,9 +217,8 @@ actions:
              ready_timeout: 30s}}
 notifiers:
   - {{type: webhook, url: {fault.url}/hook, send_resolved: true}}
-"""
+""",
     )
-    return cfg
 
 
 def _children(marker: str) -> list[int]:
@@ -288,9 +279,8 @@ def _start(tmp_path: Path, fault: FaultServer, cleanup: list[Callable[[], None]]
 
 
 def _restart(base: str) -> None:
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     body = inbound_alert("VLLMEngineHung", "vllm-s")
-    resp = httpx.post(base + "/api/v1/alertmanager", json=body, headers=headers, timeout=10)
+    resp = httpx.post(base + "/api/v1/alertmanager", json=body, headers=AUTH, timeout=10)
     assert resp.status_code == 200 and resp.json()["queued"] == 1, resp.text
 
 

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.configs import target, write_config
 from tests.support.vllm_server import VllmServer, free_port
 from tests.support.watchdogproc import poll, start_watchdog
 
 pytestmark = pytest.mark.vllm
-TOKEN = "gateway-e2e-token"
 BUNDLED_GATEWAY_RULES = "bundled:gateway.rules.yml"
 # One client for every request thread: a client per request loads the CA bundle each time, and ten of those
 # at once starve this process so much that its own timestamps mean nothing.
@@ -66,18 +66,8 @@ def watchdog_with_gateway(
 
     def start(extra: str) -> Watchdog:
         port, gport = free_port(), free_port()
-        cfg = tmp_path / "watchdog.yml"
-        cfg.write_text(
-            f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - {{name: vllm-0, url: "{vllm_server.url}", canary: false}}
-{extra.replace("GPORT", str(gport))}
-"""
-        )
+        rest = extra.replace("GPORT", str(gport)) + "\n"
+        cfg = write_config(tmp_path, target(vllm_server.url), port=port, rest=rest)
         log = tmp_path / "watchdog.log"
         wd = Watchdog(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gport}", log, start_watchdog(cfg, log))
         started.append(wd)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.configs import AUTH, target, write_config
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import (
     START_LIMIT,
@@ -25,7 +26,6 @@ from tests.support.watchdogproc import (
 )
 
 pytestmark = pytest.mark.vllm
-TOKEN = "gateway-restart-token"
 MAX_REQUESTS = 40  # bounded load: at most this many requests in all
 
 
@@ -33,24 +33,17 @@ def test_drain_and_restart_lose_no_accepted_request(
     tmp_path: Path, cleanup: list[Callable[[], None]]
 ) -> None:
     port, vport, gport = free_port(), free_port(), free_port()
-    cfg = tmp_path / "watchdog.yml"
-    cfg.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: {TOKEN}
-state_dir: {tmp_path / "state"}
-targets:
-  - name: vllm-p
-    url: http://127.0.0.1:{vport}
-    canary: false
-    command: [bash, {ROOT / "scripts" / "serve-vllm.sh"}, --port, "{vport}", --max-num-seqs, "1"]
-gateway: {{listen: 127.0.0.1:{gport}, drain_mode: hold, drain_max_wait: 5m}}
+    command = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vport), "--max-num-seqs", "1"]
+    cfg = write_config(
+        tmp_path,
+        target(f"http://127.0.0.1:{vport}", name="vllm-p", command=command),
+        port=port,
+        rest=f"""gateway: {{listen: 127.0.0.1:{gport}, drain_mode: hold, drain_max_wait: 5m}}
 routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
 actions:
   restart: {{type: restart, startup_grace: 0s, drain_timeout: 60s, stop_timeout: 30s, ready_timeout: 5m}}
-"""
+""",
     )
     log = tmp_path / "watchdog.log"
     base, gateway = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gport}"
@@ -87,9 +80,7 @@ actions:
     try:
         wait_for(lambda: len(results) >= 2, 120, "traffic through the gateway")
         hung = inbound_alert("VLLMEngineHung", "vllm-p")
-        resp = httpx.post(
-            base + "/api/v1/alertmanager", json=hung, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-        )
+        resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=AUTH, timeout=10)
         assert resp.status_code == 200 and resp.json()["queued"] == 1
         poll(base + "/api/v1/gateway", lambda j: j["data"]["draining"], 60, "the gateway draining", log)
         held_from = len(results)

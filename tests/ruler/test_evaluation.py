@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import PAYLOAD, wait_for
+from tests.support.configs import FAST, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
@@ -42,13 +43,18 @@ def firing(j: Any, name: str = "Backlog") -> list[dict[str, Any]]:
     return [a for a in j["data"]["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
-def write(tmp_path: Path, target: str, port: int, extra: str = "") -> Path:
+def write(tmp_path: Path, url: str, port: int, extra: str = "") -> Path:
     (tmp_path / "r.yml").write_text(RULES)
     cfg = tmp_path / "c.yml"
     cfg.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s, external_labels: {cluster: lab}}\n"
-        f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\n"
-        f"targets: [{{name: vllm-0, url: '{target}', canary: false}}]\nrule_files: [r.yml]\n{extra}"
+        watchdog_yaml(
+            target(url),
+            port=port,
+            token=None,
+            state_dir=tmp_path / "state",
+            global_settings={**FAST, "external_labels": {"cluster": "lab"}},
+            rest="rule_files: [r.yml]\n" + extra,
+        )
     )
     return cfg
 
@@ -202,7 +208,7 @@ def test_embedded_evaluation_reads_the_store() -> None:
 def test_query_command(tmp_path: Path, fault: FaultServer) -> None:
     fault.vllm_like(PAYLOAD)
     cfg = tmp_path / "c.yml"
-    cfg.write_text(f"targets: [{{name: vllm-0, url: '{fault.url}', canary: false}}]\n")
+    cfg.write_text(watchdog_yaml(target(fault.url), token=None, global_settings=None))
     run = [sys.executable, "-m", "vllm_watchdog", "query", "--config", str(cfg)]
     out = subprocess.run(
         [*run, "sum by (instance) (vllm:num_requests_waiting) * 2"],

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.configs import target, watchdog_yaml
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
@@ -56,11 +57,13 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
     port = free_port()
     cfg = tmp_path / "c.yml"
     cfg.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"listen: 127.0.0.1:{port}\n"
-        f"state_dir: {tmp_path / 'state'}\n"
-        f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: false}}]\n"
-        "rule_files: [queue.rules.yml]\n"
+        watchdog_yaml(
+            target(vllm_server.url),
+            port=port,
+            token=None,
+            state_dir=tmp_path / "state",
+            rest="rule_files: [queue.rules.yml]\n",
+        )
     )
     d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
+from tests.support.configs import AUTH, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
@@ -24,19 +25,12 @@ pytestmark = pytest.mark.anyio
 PAYLOAD = 'vllm:num_requests_waiting{model_name="m"} 3\nvllm:num_requests_running{model_name="m"} 1\n'
 
 
-def write_config(tmp_path: Path, target_url: str, port: int, extra: str = "") -> Path:
+def daemon_config(tmp_path: Path, target_url: str, port: int, rest: str = "") -> Path:
+    """`tmp_path`/watchdog.yml: the shared header, the canary on every second, and no state_dir (alert state
+    in memory); then `rest`."""
     path = tmp_path / "watchdog.yml"
-    path.write_text(
-        f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-listen: 127.0.0.1:{port}
-api_token: ${{TEST_TOKEN:-tok}}
-targets:
-  - name: vllm-0
-    url: {target_url}
-    canary: {{interval: 1s, timeout: 2s}}
-{extra}"""
-    )
+    canary = {"interval": "1s", "timeout": "2s"}
+    path.write_text(watchdog_yaml(target(target_url, canary=canary), port=port, rest=rest))
     return path
 
 
@@ -59,7 +53,7 @@ async def wait_for(client: httpx.AsyncClient, url: str, pred: object, limit: flo
 async def daemon(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Daemon, str, Path]]:
     fault.vllm_like(PAYLOAD)
     port = free_port()
-    cfg = write_config(tmp_path, fault.url, port)
+    cfg = daemon_config(tmp_path, fault.url, port)
     d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
@@ -128,11 +122,9 @@ async def test_reload_needs_bearer_token(daemon: tuple[Daemon, str, Path]) -> No
         assert none.status_code == 401 and none.headers["www-authenticate"].startswith("Bearer")
         wrong = await client.post(base + "/-/reload", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 403
-        big = await client.post(
-            base + "/-/reload", headers={"Authorization": "Bearer tok"}, content=b"x" * 100_000
-        )
+        big = await client.post(base + "/-/reload", headers=AUTH, content=b"x" * 100_000)
         assert big.status_code == 413
-        ok = await client.post(base + "/-/reload", headers={"Authorization": "Bearer tok"})
+        ok = await client.post(base + "/-/reload", headers=AUTH)
         assert ok.status_code == 200 and ok.json() == {"status": "success"}
 
 
@@ -151,7 +143,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
         metrics = (await client.get(base + "/metrics")).text
     assert "vllm_watchdog_config_last_reload_successful 0.0" in metrics
     assert "vllm_watchdog_config_errors 1.0" in metrics
-    cfg.write_text(good.replace("name: vllm-0", "name: vllm-renamed"))
+    cfg.write_text(good.replace("vllm-0", "vllm-renamed"))  # the target's name, its one mention
     ok, _ = await d.reload()
     assert ok and list(d.monitor.targets) == ["vllm-renamed"]
 
@@ -159,7 +151,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
 def test_run_sigterm_sighup_sdnotify_and_json_logs(tmp_path: Path, fault: FaultServer) -> None:
     fault.vllm_like(PAYLOAD)
     port = free_port()
-    cfg = write_config(tmp_path, fault.url, port)
+    cfg = daemon_config(tmp_path, fault.url, port)
     sock_path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(sock_path)
@@ -217,6 +209,6 @@ def test_run_with_invalid_config_exits_nonzero(tmp_path: Path) -> None:
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path, fault: FaultServer) -> None:
-    cfg = write_config(tmp_path, fault.url, fault.port)  # the fault server holds this port
+    cfg = daemon_config(tmp_path, fault.url, fault.port)  # the fault server holds this port
     out = run_cli("run", "--config", str(cfg))
     assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{fault.port}" in out.stderr

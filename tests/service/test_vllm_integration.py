@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.configs import target, watchdog_yaml
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
@@ -29,9 +30,13 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
     port = free_port()
     cfg = tmp_path / "c.yml"
     cfg.write_text(
-        f"listen: 127.0.0.1:{port}\n"
-        f"targets: [{{name: vllm-0, url: '{vllm_server.url}', canary: {{interval: 2s, timeout: 20s}}}}]\n"
-        "rule_files: ['bundled:vllm.rules.yml']\n"
+        watchdog_yaml(
+            target(vllm_server.url, canary={"interval": "2s", "timeout": "20s"}),
+            port=port,
+            token=None,
+            global_settings=None,  # the default intervals
+            rest="rule_files: ['bundled:vllm.rules.yml']\n",
+        )
     )
     d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
@@ -101,8 +106,12 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
 def test_targets_command_against_real_vllm(tmp_path: Path, vllm_server: VllmServer) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text(
-        f"targets:\n  - {{name: vllm-0, url: '{vllm_server.url}', canary: {{timeout: 30s}}}}\n"
-        "  - {name: nothing-here, url: 'http://127.0.0.1:9', canary: false}\n"
+        watchdog_yaml(
+            target(vllm_server.url, canary={"timeout": "30s"}),
+            target("http://127.0.0.1:9", name="nothing-here"),
+            token=None,
+            global_settings=None,
+        )
     )
     out = subprocess.run(
         [sys.executable, "-m", "vllm_watchdog", "targets", "--config", str(cfg)],

@@ -9,6 +9,8 @@ import pytest
 
 from tests.service.test_daemon import wait_for
 from tests.sources.test_scrape import target
+from tests.support.configs import target as target_entry  # `target` is a scrape target here
+from tests.support.configs import watchdog_yaml
 from tests.support.fake_nvml import FakeNvml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -68,8 +70,13 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
     port = free_port()
     cfg = tmp_path / "c.yml"
     cfg.write_text(
-        f"listen: 127.0.0.1:{port}\ntargets: [{{name: v, url: '{fault.url}', canary: false}}]\n"
-        f"gpus: {{nvml: true, dcgm_url: '{fault.url}/dcgm'}}\n"
+        watchdog_yaml(
+            target_entry(fault.url, name="v"),
+            port=port,
+            token=None,
+            global_settings=None,
+            rest=f"gpus: {{nvml: true, dcgm_url: '{fault.url}/dcgm'}}\n",
+        )
     )
     fake = FakeNvml(gpus=1)
     d = Daemon.load(DaemonOptions(str(cfg), env={}, nvml=fake))

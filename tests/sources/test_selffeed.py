@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tests.service.test_daemon import PAYLOAD, wait_for, write_config
+from tests.service.test_daemon import PAYLOAD, daemon_config, wait_for
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
@@ -102,7 +102,7 @@ async def test_in_process_rules_see_the_watchdogs_own_metrics(tmp_path: Path, fa
     fault.vllm_like(PAYLOAD)
     (tmp_path / "self.rules.yml").write_text(RULES)
     port = free_port()
-    cfg = write_config(tmp_path, fault.url, port, "rule_files: [self.rules.yml]\n")
+    cfg = daemon_config(tmp_path, fault.url, port, "rule_files: [self.rules.yml]\n")
     d = Daemon.load(DaemonOptions(str(cfg), env={}))
     ready = asyncio.Event()
     task = asyncio.create_task(d.run(ready))
