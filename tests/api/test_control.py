@@ -159,8 +159,15 @@ async def test_control_api_needs_the_token_and_names_bad_fields(plane: tuple[str
 
 
 async def test_pause_silence_manual_and_inbound(plane: tuple[str, FaultServer, Path]) -> None:
-    base, _, _ = plane
+    base, fault, _ = plane
     async with httpx.AsyncClient(timeout=10) as c:
+        # The inbound Hung alert below must find the target's queue empty, or its restart merges with one
+        # the firing Backlog rule queued ("queued": 0). End the backlog and wait until nothing is left of it.
+        fault.vllm_like('vllm:num_requests_waiting{model_name="m"} 0\n')
+        await wait_for(c, base + "/api/v1/alerts", lambda j: not j["data"]["alerts"])
+        await wait_for(
+            c, base + "/api/v1/actions", lambda j: not j["data"]["running"] and not j["data"]["queued"]
+        )
         assert (
             await c.post(base + "/api/v1/pause", json={"reason": "kernel upgrade"}, headers=AUTH)
         ).status_code == 200
