@@ -64,3 +64,53 @@ def test_gc_trims_and_drops_dead_series() -> None:
 
 def test_empty_label_values_are_dropped_and_sorted() -> None:
     assert make_labels("m", {"b": "2", "a": "1", "c": ""}) == (("__name__", "m"), ("a", "1"), ("b", "2"))
+
+
+def test_series_index_of_stale_markers_nans_and_resets() -> None:
+    s = SampleStore(retention=600).get(make_labels("c", {"a": "1"}))
+    for t, v in enumerate([1.0, 3.0, 2.0, math.nan, 1.0, STALE_NAN, 0.5, 0.5, -1.0], start=1):
+        s.append(t * 1000, v)
+    assert s.stales == [6000] and s.nans == [4000]
+    # 2 < 3 resets; 1 after NaN does not (NaN compares false); 0.5 after a marker compares with the 1 before it.
+    assert s.resets == [3000, 7000, 9000]
+    assert s.unnamed == (("a", "1"),) and s.labels[0] == ("__name__", "c")
+
+
+def test_series_index_follows_trim_and_truncate() -> None:
+    store = SampleStore(retention=10)
+    s = store.append(make_labels("c", {}), 1000, 5.0)
+    for t, v in ((2000, 1.0), (3000, STALE_NAN), (4000, math.nan), (5000, 0.0), (6000, 9.0)):
+        s.append(t, v)
+    s.append(7000, 8.0)
+    assert (s.resets, s.stales, s.nans) == ([2000, 7000], [3000], [4000])
+    s.trim(3000)
+    assert (s.resets, s.stales, s.nans) == ([7000], [3000], [4000])
+    # The wall clock went back: the samples after 5 s go, and the next one compares with the 0 at 5 s.
+    assert store.drop_after(5000) == 2
+    assert (s.resets, s.stales, s.nans) == ([], [3000], [4000])
+    s.append(6000, -1.0)
+    assert s.resets == [6000]
+    store.drop_after(4000)
+    assert (s.resets, s.stales, s.nans) == ([], [3000], [4000])
+    s.append(5000, -3.0)  # after a NaN: no reset
+    assert s.resets == []
+
+
+def test_version_changes_when_series_come_and_go() -> None:
+    store = SampleStore(retention=10)
+    assert store.version("x") == 0
+    a = store.append(make_labels("x", {"i": "a"}), 0, 1.0)
+    v1 = store.version("x")
+    assert v1 > 0 and store.version() == v1 and store.version("y") == 0
+    a.append(1000, 2.0)
+    store.append(make_labels("x", {"i": "a"}), 2000, 3.0)
+    assert store.version("x") == v1  # new samples are no new series
+    store.append(make_labels("y", {}), 15_000, 1.0)
+    assert store.version("x") == v1 and store.version("y") > v1
+    a.mark_stale(3000)
+    assert store.version("x") == v1  # a stale series is still stored until gc drops it
+    assert store.gc(now=20.0) == 1
+    v2 = store.version("x")
+    assert v2 > v1 and store.version() == v2
+    store.register(a)  # a scraper's handle brings the dropped series back
+    assert store.version("x") > v2

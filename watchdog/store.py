@@ -41,17 +41,36 @@ def metric_name(labels: Labels) -> str:
 
 
 class Series:
-    """The samples of one series: timestamps in ms and values, oldest first."""
+    """The samples of one series (timestamps in ms and values, oldest first), and where the odd ones lie."""
 
-    __slots__ = ("gen", "labels", "name", "registered", "ts", "vals")
+    __slots__ = (
+        "gen",
+        "labels",
+        "name",
+        "nans",
+        "prev",
+        "registered",
+        "resets",
+        "stales",
+        "ts",
+        "unnamed",
+        "vals",
+    )
 
     def __init__(self, labels: Labels) -> None:
         self.labels = labels
         self.name = metric_name(labels)
+        self.unnamed: Labels = tuple(p for p in labels if p[0] != "__name__")
         self.ts = array("q")
         self.vals = array("d")
         self.gen = -1  # scrape generation that last saw this series (used by the scraper)
         self.registered = False
+        # Sorted times of staleness markers, other NaNs and counter resets (a value below the non-stale one
+        # before it): two bisections rule them out of a range window, so rate() needs no pass over it.
+        self.stales: list[int] = []
+        self.nans: list[int] = []
+        self.resets: list[int] = []
+        self.prev = math.nan  # the newest non-stale value; NaN compares false, so no reset follows it
 
     def append(self, t_ms: int, value: float) -> bool:
         """Append a sample; out-of-order or duplicate timestamps are rejected like Prometheus."""
@@ -60,6 +79,14 @@ class Series:
             return False
         ts.append(t_ms)
         self.vals.append(value)
+        if value != value:  # noqa: PLR0124 (fast NaN test)
+            if is_stale(value):
+                self.stales.append(t_ms)
+                return True
+            self.nans.append(t_ms)
+        elif value < self.prev:
+            self.resets.append(t_ms)
+        self.prev = value
         return True
 
     def mark_stale(self, t_ms: int) -> None:
@@ -73,6 +100,22 @@ class Series:
         if i:
             del self.ts[:i]
             del self.vals[:i]
+            for times in (self.stales, self.nans, self.resets):
+                if times and times[0] < min_t_ms:
+                    del times[: bisect_left(times, min_t_ms)]
+
+    def truncate(self, max_t_ms: int) -> int:
+        """Drop samples newer than max_t_ms; returns how many."""
+        ts, vals = self.ts, self.vals
+        i = bisect_right(ts, max_t_ms)
+        dropped = len(ts) - i
+        if dropped:
+            del ts[i:]
+            del vals[i:]
+            for times in (self.stales, self.nans, self.resets):
+                del times[bisect_right(times, max_t_ms) :]
+            self.prev = next((v for v in reversed(vals) if not is_stale(v)), math.nan)
+        return dropped
 
     def window(self, start_ms: int, end_ms: int) -> tuple[array[int], array[float]]:
         """Samples with start_ms < t <= end_ms (a left-open range, as range selectors read)."""
@@ -98,6 +141,18 @@ class SampleStore:
         self.retention = retention
         self._by_name: dict[str, dict[Labels, Series]] = {}
         self._count = 0
+        self._version = 0
+        self._name_versions: dict[str, int] = {}
+
+    def _changed(self, name: str) -> None:
+        self._version += 1
+        self._name_versions[name] = self._version
+
+    def version(self, name: str | None = None) -> int:
+        """A number that changes whenever a series named `name` (any series if None) is added or dropped."""
+        if name is None:
+            return self._version
+        return self._name_versions.get(name, 0)
 
     def get(self, labels: Labels) -> Series:
         """The stored series with these labels, created (unregistered) if absent."""
@@ -113,6 +168,7 @@ class SampleStore:
         if series.labels not in bucket:
             bucket[series.labels] = series
             self._count += 1
+            self._changed(series.name)
         series.registered = True
 
     def append(self, labels: Labels, t_ms: int, value: float) -> Series:
@@ -137,14 +193,7 @@ class SampleStore:
     def drop_after(self, t_ms: int) -> int:
         """Drop every sample newer than t_ms (the wall clock went back: they lie in the future and would make
         every new sample out of order); returns how many."""
-        dropped = 0
-        for bucket in self._by_name.values():
-            for series in bucket.values():
-                i = bisect_right(series.ts, t_ms)
-                dropped += len(series.ts) - i
-                del series.ts[i:]
-                del series.vals[i:]
-        return dropped
+        return sum(series.truncate(t_ms) for bucket in self._by_name.values() for series in bucket.values())
 
     def gc(self, now: float) -> int:
         """Trim samples older than the retention; drop series left empty. Returns series dropped."""
@@ -159,6 +208,7 @@ class SampleStore:
                     del bucket[labels]
                     series.registered = False
                     dropped += 1
+                    self._changed(name)
             if not bucket:
                 del self._by_name[name]
         self._count -= dropped
