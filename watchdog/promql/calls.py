@@ -167,6 +167,12 @@ def eval_call(ev: Evaluator, node: Node, t: int) -> Result:
     """Evaluate a function call node at time t; vector results are checked for repeated label sets."""
     if not isinstance(node, Call):
         raise QueryError(f"cannot evaluate {type(node).__name__}")
+    if node.name in rangefuncs.COLUMN_FUNCTIONS:
+        arg = _unparen(node.args[0])
+        if isinstance(arg, RangeSel):
+            vec = ev.column_function(node.name, arg, t)
+            # Series of one metric name differ in another label, so dropping the name keeps them apart.
+            return vec if arg.sel.selector.name is not None else check_unique(vec)
     if node.name in rangefuncs.RANGE_FUNCTIONS or node.name == "absent_over_time":
         return check_unique(_range_call(ev, node, t))
     result = _vector_call(ev, node, t)

@@ -2,75 +2,46 @@
 
 from __future__ import annotations
 
-import struct
-from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from functools import lru_cache
 from typing import Union
 
-from ..store import STALE_NAN, Labels, SampleStore, Series, is_stale
+from ..store import Labels, SampleStore, Series, is_stale
 from . import binops
 from .aggregations import aggregate
 from .binops import Vec, check_unique, drop_name
 from .calls import eval_call
+from .columns import Selections, Window, range_function, window
 from .compile import Agg, At, Binary, Neg, Node, Num, Paren, RangeSel, Sel, Str, Subquery, compile_plan
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
-
-_STALE_BYTES = struct.pack("<d", STALE_NAN)
-
-
-class Window:
-    """One series' samples inside a range, with the range's bounds (for rate's extrapolation)."""
-
-    __slots__ = ("end_ms", "labels", "start_ms", "ts", "vals")
-
-    def __init__(
-        self, labels: Labels, ts: Sequence[int], vals: Sequence[float], start_ms: int, end_ms: int
-    ) -> None:
-        self.labels = labels
-        self.ts = ts
-        self.vals = vals
-        self.start_ms = start_ms
-        self.end_ms = end_ms
-
 
 Mat = list[Window]
 Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
 
 
-def _has_stale(vals: array[float]) -> bool:
-    raw = vals.tobytes()
-    i = raw.find(_STALE_BYTES)
-    while i >= 0:
-        if i % 8 == 0:
-            return True
-        i = raw.find(_STALE_BYTES, i + 1)
-    return False
+@lru_cache(maxsize=1024)
+def _plan(text: str) -> Node:
+    # Plans are immutable, and the selectors in them key the selections Columns keeps across queries.
+    return compile_plan(text)
 
 
 class Evaluator:
     """Evaluates plan nodes for one query (start/end are the query's, for `@ start()` / `@ end()`)."""
 
     def __init__(
-        self, store: SampleStore, lookback_ms: int, default_step_ms: int, start_ms: int, end_ms: int
+        self, selections: Selections, lookback_ms: int, default_step_ms: int, start_ms: int, end_ms: int
     ) -> None:
-        self.store = store
+        self.selections = selections
         self.lookback_ms = lookback_ms
         self.default_step_ms = default_step_ms
         self.start_ms = start_ms
         self.end_ms = end_ms
-        self._series: dict[int, list[Series]] = {}
         self._subquery_points: dict[tuple[int, int], Vec] = {}
 
     # -- selectors -------------------------------------------------------------------------------------
     def series(self, sel: Sel) -> list[Series]:
-        """The stored series a selector picks, in label order (cached for the query)."""
-        selector = sel.selector
-        found = self._series.get(id(selector))
-        if found is None:
-            found = sorted(self.store.select(selector.name, selector.predicate()), key=lambda s: s.labels)
-            self._series[id(selector)] = found
-        return found
+        """The stored series a selector picks, in label order."""
+        return self.selections.select(sel.selector).series
 
     def ref_time(self, at: At | None, offset_ms: int, t: int) -> int:
         """The time a selector or subquery reads at: its `@` (or t), minus its offset."""
@@ -107,17 +78,18 @@ class Evaluator:
             ts = s.ts
             lo = bisect_left(ts, lo_t)
             hi = bisect_right(ts, ref)
-            if lo >= hi:
-                continue
-            wts, wvals = ts[lo:hi], s.vals[lo:hi]
-            if _has_stale(wvals):
-                keep = [i for i, v in enumerate(wvals) if not is_stale(v)]
-                if not keep:
-                    continue
-                wts = array("q", (wts[i] for i in keep))
-                wvals = array("d", (wvals[i] for i in keep))
-            out.append(Window(s.labels, wts, wvals, lo_t, ref))
+            if lo < hi:
+                w = window(s, lo, hi, lo_t, ref)
+                if w is not None:
+                    out.append(w)
         return out
+
+    def column_function(self, name: str, node: RangeSel, t: int) -> Vec:
+        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place."""
+        sel = node.sel
+        ref = self.ref_time(sel.at, sel.offset_ms, t)
+        selection = self.selections.select(sel.selector)
+        return range_function(name, selection, (node.range_ms, sel.offset_ms), ref - node.range_ms, ref, t)
 
     def subquery(self, node: Subquery, t: int) -> Mat:
         """Evaluate `expr[range:step]`: the inner expression at step-aligned times in [ref-range, ref]."""
@@ -229,13 +201,14 @@ class Engine:
         self.store = store
         self.lookback_ms = to_ms(lookback)
         self.default_step_ms = max(1, to_ms(default_step))
+        self.selections = Selections(store)
 
     def _evaluator(self, start_ms: int, end_ms: int) -> Evaluator:
-        return Evaluator(self.store, self.lookback_ms, self.default_step_ms, start_ms, end_ms)
+        return Evaluator(self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms)
 
     def query(self, expr: str, at: float) -> Value:
         """Evaluate an instant query at unix seconds `at`."""
-        plan = compile_plan(expr)
+        plan = _plan(expr)
         t = to_ms(at)
         result = self._evaluator(t, t).eval(plan, t)
         if isinstance(result, float):
@@ -248,7 +221,7 @@ class Engine:
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> Matrix:
         """Evaluate a range query: one instant evaluation per step from start to end inclusive."""
-        plan = compile_plan(expr)
+        plan = _plan(expr)
         if plan.kind not in ("vector", "scalar"):
             raise QueryError(
                 f"invalid expression type {plan.kind!r} for range query, must be Scalar or instant Vector"

@@ -34,14 +34,29 @@ def extrapolated_rate(
             if v < prev:
                 result += prev  # a counter reset: the series restarted from zero
             prev = v
-    to_start = (ts[0] - range_start_ms) / 1000
-    to_end = (range_end_ms - ts[-1]) / 1000
-    sampled = (ts[-1] - ts[0]) / 1000
+    return extrapolate(result, n, ts[0], ts[-1], vals[0], range_start_ms, range_end_ms, is_counter, is_rate)
+
+
+def extrapolate(
+    result: float,
+    n: int,
+    first_ms: int,
+    last_ms: int,
+    first: float,
+    range_start_ms: int,
+    range_end_ms: int,
+    is_counter: bool,
+    is_rate: bool,
+) -> float:
+    """The second half of extrapolated_rate: `result` (the change over n >= 2 samples) scaled to the range."""
+    to_start = (first_ms - range_start_ms) / 1000
+    to_end = (range_end_ms - last_ms) / 1000
+    sampled = (last_ms - first_ms) / 1000
     average = sampled / (n - 1)
-    if is_counter and result > 0 and vals[0] >= 0:
+    if is_counter and result > 0 and first >= 0:
         # Do not extrapolate a counter to below zero.
-        to_zero = sampled * (vals[0] / result)
-        to_start = min(to_start, to_zero)
+        to_zero = sampled * (first / result)
+        to_start = to_zero if to_zero < to_start else to_start
     # Extrapolate to a boundary only if it is within 1.1 sample intervals; else half an interval.
     threshold = average * 1.1
     interval = sampled
@@ -315,3 +330,18 @@ RANGE_FUNCTIONS: dict[str, RangeKernel] = {
     "holt_winters": lambda _ts, vals, _s, _e, _t, args: holt_winters(vals, args[0], args[1]),
 }
 """Every range-vector function except absent_over_time (which the engine answers from the whole matrix)."""
+
+
+CHANGE_FUNCTIONS: dict[str, tuple[bool, bool]] = {
+    "rate": (True, True),
+    "increase": (True, False),
+    "delta": (False, False),
+}
+"""The functions of extrapolated_rate, with its (is_counter, is_rate): over a window without a counter reset
+its sum is the last value minus the first, so they read the store's columns in place through extrapolate()."""
+
+EXTREMA: dict[str, Callable[[Sequence[float]], float]] = {"max_over_time": max, "min_over_time": min}
+"""Over a window without NaNs these are max() and min(): both keep the first of equal values, as Go's do."""
+
+COLUMN_FUNCTIONS = frozenset((*CHANGE_FUNCTIONS, *EXTREMA))
+"""Range functions that read windows in place where the series' index rules out what they cannot take."""

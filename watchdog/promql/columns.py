@@ -1,0 +1,138 @@
+"""Range functions and selections that read the store's columns in place, and what carries across queries.
+
+A selector's matching series are kept between queries and checked against the store's version for the
+selector's metric name, which changes when a series of that name is added or dropped. A range function of
+COLUMN_FUNCTIONS reads a window where the series lies (no copy) unless the series' own index of staleness
+markers, NaNs and counter resets shows one inside it; then it filters a copy and runs the general kernel.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+
+from ..store import Labels, SampleStore, Series, is_stale
+from .binops import Vec
+from .rangefuncs import CHANGE_FUNCTIONS, EXTREMA, RANGE_FUNCTIONS, extrapolate
+from .selectors import Selector
+
+_MAX_SELECTIONS = 4096
+
+
+class Window:
+    """One series' samples inside a range, with the range's bounds (for rate's extrapolation)."""
+
+    __slots__ = ("end_ms", "labels", "start_ms", "ts", "vals")
+
+    def __init__(
+        self, labels: Labels, ts: Sequence[int], vals: Sequence[float], start_ms: int, end_ms: int
+    ) -> None:
+        self.labels = labels
+        self.ts = ts
+        self.vals = vals
+        self.start_ms = start_ms
+        self.end_ms = end_ms
+
+
+def any_within(times: list[int], lo: int, hi: int) -> bool:
+    """Whether a sorted list holds a time t with lo <= t <= hi."""
+    if not times:
+        return False
+    i = bisect_left(times, lo)
+    return i < len(times) and times[i] <= hi
+
+
+def window(series: Series, lo: int, hi: int, start_ms: int, end_ms: int) -> Window | None:
+    """The samples ts[lo:hi] of a series without its staleness markers; None when only markers are left."""
+    wts, wvals = series.ts[lo:hi], series.vals[lo:hi]
+    if any_within(series.stales, wts[0], wts[-1]):
+        keep = [i for i, v in enumerate(wvals) if not is_stale(v)]
+        if not keep:
+            return None
+        wts = array("q", (wts[i] for i in keep))
+        wvals = array("d", (wvals[i] for i in keep))
+    return Window(series.labels, wts, wvals, start_ms, end_ms)
+
+
+def range_function(
+    name: str, selection: Selection, key: tuple[int, int], start_ms: int, end_ms: int, t: int
+) -> Vec:
+    """A function of COLUMN_FUNCTIONS over each selected series' samples in [start_ms, end_ms], at t."""
+    is_counter, is_rate = CHANGE_FUNCTIONS.get(name, (False, False))
+    extreme = EXTREMA.get(name)
+    starts = selection.starts(key)
+    out: Vec = []
+    for i, s in enumerate(selection.series):
+        ts = s.ts
+        n = len(ts)
+        if not n:
+            continue
+        hi = n if ts[n - 1] <= end_ms else bisect_right(ts, end_ms)
+        # Where the window began last time is usually where it begins now (or one sample on).
+        lo = starts[i]
+        if lo > n or (lo and ts[lo - 1] >= start_ms) or (lo < n and ts[lo] < start_ms):
+            lo += 1
+            if lo > n or ts[lo - 1] >= start_ms or (lo < n and ts[lo] < start_ms):
+                lo = bisect_left(ts, start_ms)
+        starts[i] = lo
+        if lo >= hi:
+            continue
+        first, last = ts[lo], ts[hi - 1]
+        if (
+            (s.stales and any_within(s.stales, first, last))
+            or (is_counter and s.resets and any_within(s.resets, first + 1, last))
+            or (extreme is not None and s.nans and any_within(s.nans, first, last))
+        ):
+            w = window(s, lo, hi, start_ms, end_ms)
+            value = None if w is None else RANGE_FUNCTIONS[name](w.ts, w.vals, start_ms, end_ms, t, ())
+        elif extreme is not None:
+            value = extreme(s.vals[lo:hi])
+        elif hi - lo < 2:
+            continue
+        else:
+            vals = s.vals
+            v0 = vals[lo]
+            change = vals[hi - 1] - v0
+            value = extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, is_counter, is_rate)
+        if value is not None:
+            out.append((s.unnamed, value))
+    return out
+
+
+class Selection:
+    """The series one selector picked (in label order), and where its range windows began last time."""
+
+    __slots__ = ("_starts", "series", "version")
+
+    def __init__(self, version: int, series: list[Series]) -> None:
+        self.version = version
+        self.series = series
+        self._starts: dict[tuple[int, int], list[int]] = {}
+
+    def starts(self, key: tuple[int, int]) -> list[int]:
+        """Per series, where a window of this (range, offset) began last time: a guess, checked on use."""
+        found = self._starts.get(key)
+        if found is None:
+            found = self._starts[key] = [0] * len(self.series)
+        return found
+
+
+class Selections:
+    """Each selector's matching series, in label order, kept until the store adds or drops one of its name."""
+
+    def __init__(self, store: SampleStore) -> None:
+        self.store = store
+        self._found: dict[Selector, Selection] = {}
+
+    def select(self, selector: Selector) -> Selection:
+        """The stored series a selector picks."""
+        version = self.store.version(selector.name)
+        hit = self._found.get(selector)
+        if hit is not None and hit.version == version:
+            return hit
+        if len(self._found) >= _MAX_SELECTIONS:  # ad-hoc queries must not grow it without bound
+            self._found.clear()
+        found = sorted(self.store.select(selector.name, selector.predicate()), key=lambda s: s.labels)
+        selection = self._found[selector] = Selection(version, found)
+        return selection
