@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from watchdog.promql.aggregations import group_labels
 from watchdog.promql.compile import compile_expr
 from watchdog.promql.engine import Engine, vector_query
 from watchdog.promql.values import Matrix, PromQLError, QueryError, Scalar, String, Vector
@@ -207,6 +208,17 @@ def test_aggregations_nan_and_overflow() -> None:
     assert result(engine, "avg(big)", 0) == {(): 1e308}
     assert result(engine, "sum(big)", 0) == {(): math.inf}
     assert result(engine, "topk(1, n)", 0) == {lab(__name__="n", a="2"): 3}
+
+
+def test_sum_adds_in_order_and_grouping_is_the_same_every_time() -> None:
+    # Group keys and bucket bounds are cached per label set; sums stay left to right (no compensation).
+    store = store_with({f's{{a="{i % 2}",b="{i}"}}': [v] for i, v in enumerate([1e16, 1.0, -1e16, 1.0, 1.0])})
+    engine = Engine(store)
+    for _ in range(2):
+        assert result(engine, "sum by (a) (s)", 0) == {lab(a="0"): 1.0, lab(a="1"): 2.0}
+        assert result(engine, "sum without (b) (s)", 0) == {lab(a="0"): 1.0, lab(a="1"): 2.0}
+    assert group_labels(lab(__name__="s", a="1", b="2"), ("a",), False) == lab(a="1")
+    assert group_labels(lab(__name__="s", a="1", b="2"), ("a",), True) == lab(b="2")
 
 
 # -- functions ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Callable
 from decimal import Decimal
+from functools import lru_cache
 
 from ..store import Labels
 from . import mathfuncs
@@ -16,8 +17,10 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INT64_MAX = 2.0**63
 
 
+@lru_cache(maxsize=1 << 16)
 def group_labels(labels: Labels, grouping: tuple[str, ...], without: bool) -> Labels:
-    """The labels of the group a series falls into (`without` also drops `__name__`)."""
+    """The labels of the group a series falls into (`without` also drops `__name__`); cached, as rules
+    group the same series every evaluation."""
     if without:
         return tuple(p for p in labels if p[0] != "__name__" and p[0] not in grouping)
     if not grouping:
@@ -197,6 +200,8 @@ def aggregate(
         if not without:
             grouping = tuple(sorted({*grouping, label}))
         vec = [(_with_label(labels, label, format_value(v)), v) for labels, v in vec]
+    if op == "sum":
+        return _sum(vec, grouping, without)
     q = float(param) if isinstance(param, float) else 0.0
     groups: dict[Labels, _Group] = {}
     for labels, v in vec:
@@ -211,6 +216,15 @@ def aggregate(
             continue
         _accumulate(op, g, v)
     return [(key, _finish(op, g, q)) for key, g in groups.items()]
+
+
+def _sum(vec: Vec, grouping: tuple[str, ...], without: bool) -> Vec:
+    sums: dict[Labels, float] = {}
+    for labels, v in vec:
+        key = group_labels(labels, grouping, without)
+        total = sums.get(key)
+        sums[key] = v if total is None else total + v
+    return list(sums.items())
 
 
 def _with_label(labels: Labels, name: str, value: str) -> Labels:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..store import Labels
@@ -82,17 +83,27 @@ def _timestamp(ev: Evaluator, node: Call, t: int) -> Vec:
     return [(drop_name(labels), t / 1000) for labels, _ in ev.vector(arg, t)]
 
 
+@lru_cache(maxsize=1 << 16)
+def _bucket_of(labels: Labels) -> tuple[Labels, Labels, float] | None:
+    """A bucket's histogram (labels without `le`), that without `__name__`, and its upper bound; cached."""
+    le = next((val for key, val in labels if key == "le"), None)
+    bound = mathfuncs.parse_go_float(le) if le is not None else None
+    if bound is None:
+        return None
+    key = tuple(p for p in labels if p[0] != "le")
+    return key, drop_name(key), bound
+
+
 def _histogram_quantile(q: float, vec: Vec) -> Vec:
     groups: dict[Labels, tuple[Labels, list[tuple[float, float]]]] = {}
     for labels, v in vec:
-        le = next((val for key, val in labels if key == "le"), None)
-        bound = mathfuncs.parse_go_float(le) if le is not None else None
-        if bound is None:
+        bucket = _bucket_of(labels)
+        if bucket is None:
             continue
-        key = tuple(p for p in labels if p[0] != "le")
+        key, unnamed, bound = bucket
         group = groups.get(key)
         if group is None:
-            group = groups[key] = (drop_name(key), [])
+            group = groups[key] = (unnamed, [])
         group[1].append((bound, v))
     return [(labels, mathfuncs.histogram_quantile(q, buckets)) for labels, buckets in groups.values()]
 
