@@ -314,3 +314,23 @@ def test_rule_labels_templated_to_empty_are_dropped_from_alerts() -> None:
     out = rule.eval(0, table({0: [sample(75, instance="0", job="app-server")]}))
     names: Callable[[Labels], set[str]] = lambda labels: {k for k, _ in labels}  # noqa: E731
     assert all("empty_label" not in names(labels) for labels, _ in out)
+
+
+def test_alert_series_labels_follow_the_state_and_stay_bounded() -> None:
+    rule = alerting(for_=60.0, labels={"severity": "page", "empty": ""})
+    rows = {i * MIN: [sample(float(i), instance=f"i{j}") for j in range(i, i + 30)] for i in range(40)}
+    query = table(rows)
+    out = rule.eval(0, query)
+    assert dict(out[0][0]) == {
+        "__name__": "ALERTS",
+        "alertname": "HTTPRequestRateLow",
+        "alertstate": "pending",
+        "instance": "i0",
+        "severity": "page",
+    }
+    assert dict(out[1][0])["__name__"] == "ALERTS_FOR_STATE" and "alertstate" not in dict(out[1][0])
+    for ts in sorted(rows)[1:]:
+        out = rule.eval(ts, query)
+    # i39 is returned from 10m on, so it fires; i68 only now. Each label set gets the state it has now.
+    assert ("i39", "firing") in alerts_of(out) and ("i68", "pending") in alerts_of(out)
+    assert len(rule._series_labels) <= 4 * len(rule.active) + 64 + 2

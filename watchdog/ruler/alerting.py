@@ -20,9 +20,9 @@ from urllib.parse import quote_plus
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc
 from ..store import Labels
-from ..templates import Template, TemplateError
 from ..templates.gostrconv import format_float, go_number
 from ..templates.gotime import rfc3339
+from .expansion import Expander
 from .files import Rule
 
 log = logging.getLogger(__name__)
@@ -92,36 +92,6 @@ def rule_identity(rule: Rule) -> tuple[str, tuple[tuple[str, str], ...]]:
     return rule.name, tuple(sorted(rule.labels.items()))
 
 
-class _Expander:
-    """A template compiled once; expansion errors render as Prometheus renders them."""
-
-    def __init__(self, text: str, rule_name: str) -> None:
-        self.text = text
-        self.rule_name = rule_name
-        self.template: Template | None = None
-        self.error: str | None = None
-        if "{{" in text:
-            try:
-                self.template = Template(text)
-            except TemplateError as exc:
-                self.error = str(exc)
-
-    def expand(self, labels: Mapping[str, str], value: float, external: Mapping[str, str], url: str) -> str:
-        """The text with $labels, $value, $externalLabels and $externalURL filled in."""
-        if self.template is None and self.error is None:
-            return self.text
-        error = self.error
-        if self.template is not None:
-            try:
-                return self.template.render(labels, value, external_labels=external, external_url=url)
-            except TemplateError as exc:
-                error = str(exc)
-            except Exception as exc:  # a template engine bug must not fail the rule; Prometheus never does
-                error = f"{type(exc).__name__}: {exc}"
-        log.warning("expanding alert template failed", extra={"alert": self.rule_name, "err": error})
-        return f"<error expanding template: {error}>"
-
-
 def _set(pairs: dict[str, str], name: str, value: str) -> None:
     """Prometheus' labels.Builder.Set: an empty value deletes the label."""
     if value == "":
@@ -146,17 +116,21 @@ class AlertingRule:
         self.keep_firing_ms = round(rule.keep_firing_for * 1000)
         self.external_labels = dict(external_labels or {})
         self.external_url = external_url
-        self.label_templates = {k: _Expander(v, rule.name) for k, v in rule.labels.items()}
-        self.annotation_templates = {k: _Expander(v, rule.name) for k, v in rule.annotations.items()}
+        self.label_templates = {k: Expander(v, rule.name) for k, v in rule.labels.items()}
+        self.annotation_templates = {k: Expander(v, rule.name) for k, v in rule.annotations.items()}
+        self._expanded_with = (dict(self.external_labels), external_url)
+        self._generator_url: tuple[str, str] | None = None  # (external_url, link): sent with every alert
         self.active: dict[Labels, Alert] = {}
+        # The label sets of each alert's ALERTS and ALERTS_FOR_STATE series, written every evaluation.
+        self._series_labels: dict[tuple[Labels, AlertState], tuple[Labels, Labels]] = {}
         self.warm_until: int | None = None  # ms; set when alerts are restored after a restart
         self.status = RuleStatus()
 
     def _expand(
-        self, templates: dict[str, _Expander], labels: Mapping[str, str], value: float
+        self, templates: dict[str, Expander], key: Labels, labels: Mapping[str, str], value: float
     ) -> dict[str, str]:
         ext, url = self.external_labels, self.external_url
-        return {k: t.expand(labels, value, ext, url) for k, t in templates.items()}
+        return {k: t.expand_for(key, labels, value, ext, url) for k, t in templates.items()}
 
     def eval(self, ts: int, query: QueryFunc, limit: int = 0) -> list[tuple[Labels, float]]:
         """Run the expression at ts, advance every alert, and return the ALERTS/ALERTS_FOR_STATE samples.
@@ -165,18 +139,25 @@ class AlertingRule:
         share a label set; clears every alert and raises when more than `limit` alerts are active.
         """
         vector = query(self.rule.expr, ts / 1000)
+        templates = [*self.label_templates.values(), *self.annotation_templates.values()]
+        if self._expanded_with != (self.external_labels, self.external_url):
+            self._expanded_with = (dict(self.external_labels), self.external_url)
+            for template in templates:
+                template.forget()
         fresh: dict[Labels, Alert] = {}
         for sample in vector:
-            series = dict(sample.labels)
-            pairs = {k: v for k, v in sample.labels if k != "__name__"}
-            for name, value in self._expand(self.label_templates, series, sample.value).items():
+            labels, series = sample.labels, dict(sample.labels)
+            pairs = {k: v for k, v in labels if k != "__name__"}
+            for name, value in self._expand(self.label_templates, labels, series, sample.value).items():
                 _set(pairs, name, value)
             pairs["alertname"] = self.name
-            annotations = self._expand(self.annotation_templates, series, sample.value)
+            annotations = self._expand(self.annotation_templates, labels, series, sample.value)
             key: Labels = tuple(sorted(pairs.items()))
             if key in fresh:
                 raise QueryError("vector contains metrics with the same labelset after applying alert labels")
             fresh[key] = Alert(key, annotations, AlertState.PENDING, sample.value, active_at=ts)
+        for template in templates:
+            template.next_evaluation()
 
         for key, alert in fresh.items():
             existing = self.active.get(key)
@@ -228,15 +209,21 @@ class AlertingRule:
 
     def series(self, alert: Alert) -> list[tuple[Labels, float]]:
         """The ALERTS (value 1) and ALERTS_FOR_STATE (ActiveAt in whole seconds) series of an active alert."""
-        base = {k: v for k, v in self.rule.labels.items() if v != ""}
-        base.update(alert.labels)
-        base["alertname"] = self.name
-        alerts = dict(base, __name__=ALERT_METRIC, alertstate=str(alert.state))
-        for_state = dict(base, __name__=FOR_STATE_METRIC)
-        return [
-            (tuple(sorted(alerts.items())), 1.0),
-            (tuple(sorted(for_state.items())), float(math.floor(alert.active_at / 1000))),
-        ]
+        key = (alert.labels, alert.state)
+        names = self._series_labels.get(key)
+        if names is None:
+            if len(self._series_labels) > 4 * len(self.active) + 64:  # keep it to about the alerts held
+                self._series_labels.clear()
+            base = {k: v for k, v in self.rule.labels.items() if v != ""}
+            base.update(alert.labels)
+            base["alertname"] = self.name
+            alerts = dict(base, __name__=ALERT_METRIC, alertstate=str(alert.state))
+            for_state = dict(base, __name__=FOR_STATE_METRIC)
+            names = self._series_labels[key] = (
+                tuple(sorted(alerts.items())),
+                tuple(sorted(for_state.items())),
+            )
+        return [(names[0], 1.0), (names[1], float(math.floor(alert.active_at / 1000)))]
 
     def state(self) -> AlertState:
         """The highest state of any alert of this rule."""
@@ -252,7 +239,11 @@ class AlertingRule:
 
     def generator_url(self) -> str:
         """Where the alert came from, as Prometheus links it: the table view of the expression."""
-        return f"{self.external_url}/graph?g0.expr={quote_plus(self.rule.expr, safe='')}&g0.tab=1"
+        cached = self._generator_url
+        if cached is None or cached[0] != self.external_url:
+            url = f"{self.external_url}/graph?g0.expr={quote_plus(self.rule.expr, safe='')}&g0.tab=1"
+            cached = self._generator_url = (self.external_url, url)
+        return cached[1]
 
     def send(self, ts: int, resend_delay: int, interval: int) -> list[OutgoingAlert]:
         """Mark the alerts that need sending at ts as sent and return them for the notifiers."""
