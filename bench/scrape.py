@@ -58,12 +58,11 @@ def parse_timings(text: str, runs: int) -> dict[str, float]:
     """Seconds per payload: library parser, our parse, and ScrapeTarget.ingest without/with keep."""
     needs = store_needs(load_rule_files([str(RULES)]), GlobalConfig().lookback_delta)
     keep = (needs.names | ALWAYS_KEPT).__contains__ if needs.names else None  # as Monitor does
-    client = httpx.AsyncClient(trust_env=False)  # never used for I/O; ScrapeTarget wants one
 
     def ingest(keep_name: Callable[[str], bool] | None) -> Callable[[], object]:
         target = ScrapeTarget(
             url="http://127.0.0.1:9/metrics", job="vllm", instance="bench", store=SampleStore(3600.0),
-            client=client, timeout=1.0, sample_limit=20_000, body_size_limit=1 << 24, keep_name=keep_name,
+            timeout=1.0, sample_limit=20_000, body_size_limit=1 << 24, keep_name=keep_name,
         )  # fmt: skip
         t_ms = itertools.count(1_700_000_000_000, 1000)
         target.ingest(text, next(t_ms))  # warm the per-target series cache
@@ -79,7 +78,6 @@ def parse_timings(text: str, runs: int) -> dict[str, float]:
         "ingest_rules": median_seconds(ingest(keep), runs),
         "kept_samples": float(sum(1 for name, *_ in parse(text) if keep is None or keep(name))),
     }
-    asyncio.run(client.aclose())
     return out
 
 

@@ -4,7 +4,6 @@ import io
 import struct
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.clock import T0
@@ -177,29 +176,27 @@ async def test_replay_rebuilds_the_store_a_live_scraper_built(
     log = ScrapeLog(rec, clock=lambda: T0)
     live = SampleStore(3600)
     payloads = [vllm_payload, vllm_payload.replace("vllm:num_requests_waiting{", "vllm:gone{"), vllm_payload]
-    async with httpx.AsyncClient(trust_env=False) as client:
-        target = ScrapeTarget(
-            url=fault.url + "/metrics",
-            job="vllm",
-            instance="vllm-0",
-            store=live,
-            client=client,
-            timeout=1.0,
-            sample_limit=100_000,
-            body_size_limit=1 << 22,
-            extra_labels={"env": "lab"},
-            recorder=log,
-        )
-        for i, payload in enumerate(payloads):
-            fault.set("/metrics", payload)
-            await target.scrape(T0 + i)
-        fault.set("/metrics", "broken{", status=200)
-        await target.scrape(T0 + 3)  # a parse error: recorded as a body, judged again on replay
-        fault.set("/metrics", b"", status=503)
-        await target.scrape(T0 + 4)
-        fault.set("/metrics", "a 1\n")
-        await target.scrape(T0 + 5)
-        target.forget(T0 + 6)
+    target = ScrapeTarget(
+        url=fault.url + "/metrics",
+        job="vllm",
+        instance="vllm-0",
+        store=live,
+        timeout=1.0,
+        sample_limit=100_000,
+        body_size_limit=1 << 22,
+        extra_labels={"env": "lab"},
+        recorder=log,
+    )
+    for i, payload in enumerate(payloads):
+        fault.set("/metrics", payload)
+        await target.scrape(T0 + i)
+    fault.set("/metrics", "broken{", status=200)
+    await target.scrape(T0 + 3)  # a parse error: recorded as a body, judged again on replay
+    fault.set("/metrics", b"", status=503)
+    await target.scrape(T0 + 4)
+    fault.set("/metrics", "a 1\n")
+    await target.scrape(T0 + 5)
+    target.forget(T0 + 6)
     log.close()
     rp = Replayer(config(tmp_path), ())
     for r in iter_records(rec):

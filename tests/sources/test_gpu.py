@@ -57,8 +57,7 @@ def test_collector_stores_dcgm_names_and_goes_stale_when_nvml_fails() -> None:
 async def test_dcgm_exporter_payload_with_legacy_name(fault: FaultServer) -> None:
     fault.set("/metrics", DCGM_PAYLOAD)
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        assert (await target(store, client, fault.url, job="dcgm", instance="127.0.0.1:9400").scrape(1.0)).up
+    assert (await target(store, fault.url, job="dcgm", instance="127.0.0.1:9400").scrape(1.0)).up
     (reasons,) = store.select("DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
     assert reasons.vals[-1] == 4.0 and dict(reasons.labels)["gpu"] == "0"
 
@@ -107,11 +106,14 @@ async def test_reload_with_new_scrape_settings_retires_the_old_dcgm_scraper(faul
     old = monitor.dcgm
     assert old is not None
     await monitor.scrape_dcgm(1.0)
+    assert old.connected  # kept alive between scrapes
     faster = parse_config("global: {scrape_interval: 2s}\n" + text, "c.yml", env={})
     monitor.apply(faster, (), now=2.0)
     await monitor.close_retired()
     assert monitor.dcgm is not None and monitor.dcgm is not old
-    assert old.client.is_closed
+    assert not old.connected
     assert all(is_stale(s.vals[-1]) for s in monitor.store.select("DCGM_FI_DEV_GPU_TEMP"))
+    await monitor.scrape_dcgm(2.0)
+    assert monitor.dcgm.connected
     await monitor.aclose()
-    assert monitor.dcgm.client.is_closed
+    assert not monitor.dcgm.connected

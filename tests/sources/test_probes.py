@@ -13,16 +13,16 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_health_probe_up_down_and_timeout(fault: FaultServer) -> None:
-    async with httpx.AsyncClient() as client:
-        probe = HealthProbe(fault.url + "/health", client, timeout=0.5)
-        fault.set("/health", b"")
-        assert (await probe.probe(1.0)).ok
-        fault.set("/health", b"", status=503)
-        st = await probe.probe(2.0)
-        assert not st.ok and st.last_error == "HTTP status 503"
-        fault.set("/health", b"", delay=1.5)
-        st = await probe.probe(3.0)
-        assert not st.ok and st.last_error == "timeout after 0.5s"
+    probe = HealthProbe(fault.url + "/health", timeout=0.5)
+    fault.set("/health", b"")
+    assert (await probe.probe(1.0)).ok
+    fault.set("/health", b"", status=503)
+    st = await probe.probe(2.0)
+    assert not st.ok and st.last_error == "HTTP status 503"
+    fault.set("/health", b"", delay=1.5)
+    st = await probe.probe(3.0)
+    assert not st.ok and st.last_error == "timeout after 0.5s"
+    await probe.aclose()
     assert (st.runs, st.failures) == (3, 2)
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,13 +16,12 @@ from vllm_watchdog.store import SampleStore, Series, is_stale
 pytestmark = pytest.mark.anyio
 
 
-def target(store: SampleStore, client: httpx.AsyncClient, url: str, **kw: object) -> ScrapeTarget:
+def target(store: SampleStore, url: str, **kw: object) -> ScrapeTarget:
     args: dict[str, object] = dict(
         url=url + "/metrics",
         job="vllm",
         instance="vllm-0",
         store=store,
-        client=client,
         timeout=1.0,
         sample_limit=1000,
         body_size_limit=1 << 20,
@@ -42,8 +40,7 @@ async def test_real_payload_gets_job_instance_and_synthetic_series(
 ) -> None:
     fault.set("/metrics", vllm_payload)
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url).scrape(T0)
+    status = await target(store, fault.url).scrape(T0)
     assert status.up and status.last_error is None and status.samples > 400
     waiting = one(store, "vllm:num_requests_waiting")
     labels = dict(waiting.labels)
@@ -57,15 +54,14 @@ async def test_real_payload_gets_job_instance_and_synthetic_series(
 async def test_vanished_series_and_down_target_go_stale(fault: FaultServer) -> None:
     fault.set("/metrics", "a 1\nb 2\n")
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        t = target(store, client, fault.url)
-        await t.scrape(T0)
-        fault.set("/metrics", "a 1\n")
-        await t.scrape(T0 + 1)
-        b = one(store, "b")
-        assert is_stale(b.vals[-1]) and b.ts[-1] == int((T0 + 1) * 1000)
-        fault.set("/metrics", "oops", status=500)
-        status = await t.scrape(T0 + 2)
+    t = target(store, fault.url)
+    await t.scrape(T0)
+    fault.set("/metrics", "a 1\n")
+    await t.scrape(T0 + 1)
+    b = one(store, "b")
+    assert is_stale(b.vals[-1]) and b.ts[-1] == int((T0 + 1) * 1000)
+    fault.set("/metrics", "oops", status=500)
+    status = await t.scrape(T0 + 2)
     assert not status.up and status.last_error == "server returned HTTP status 500"
     assert is_stale(one(store, "a").vals[-1])
     assert list(one(store, "up").vals) == [1.0, 1.0, 0.0]
@@ -87,8 +83,7 @@ async def test_faults_give_up_zero_and_a_clear_error(
 ) -> None:
     fault.set("/metrics", **reply)  # type: ignore[arg-type]
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url).scrape(T0)
+    status = await target(store, fault.url).scrape(T0)
     assert not status.up
     assert status.last_error is not None and message in status.last_error
     assert status.errors_by_kind == {kind: 1}
@@ -98,16 +93,14 @@ async def test_faults_give_up_zero_and_a_clear_error(
 async def test_connection_refused(fault: FaultServer) -> None:
     url = fault.url
     fault.close()
-    async with httpx.AsyncClient() as client:
-        status = await target(SampleStore(600), client, url).scrape(T0)
+    status = await target(SampleStore(600), url).scrape(T0)
     assert not status.up and status.errors_by_kind == {"connection": 1}
 
 
 async def test_sample_limit_fails_the_whole_scrape_atomically(fault: FaultServer) -> None:
     fault.set("/metrics", "".join(f'x{{i="{i}"}} 1\n' for i in range(20)))
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        status = await target(store, client, fault.url, sample_limit=10).scrape(T0)
+    status = await target(store, fault.url, sample_limit=10).scrape(T0)
     assert not status.up and "sample_limit exceeded: 20 samples > limit 10" in (status.last_error or "")
     assert list(store.select("x")) == []  # nothing half-committed
 
@@ -118,10 +111,9 @@ async def test_slow_target_does_not_block_another(fault: FaultServer) -> None:
         fault.set("/metrics", "a 1\n", delay=2.5)
         fast.set("/metrics", "a 1\n")
         store = SampleStore(600)
-        async with httpx.AsyncClient() as client:
-            slow_t = target(store, client, fault.url, instance="slow")
-            fast_t = target(store, client, fast.url, instance="fast")
-            slow_s, fast_s = await asyncio.gather(slow_t.scrape(T0), fast_t.scrape(T0))
+        slow_t = target(store, fault.url, instance="slow")
+        fast_t = target(store, fast.url, instance="fast")
+        slow_s, fast_s = await asyncio.gather(slow_t.scrape(T0), fast_t.scrape(T0))
         assert fast_s.up and not slow_s.up
     finally:
         fast.close()
@@ -135,8 +127,7 @@ async def test_legacy_names_are_aliased_and_current_names_win(fault: FaultServer
         'vllm:kv_cache_usage_perc{model_name="n"} 0.7\n',
     )
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        await target(store, client, fault.url).scrape(T0)
+    await target(store, fault.url).scrape(T0)
     kv = {dict(s.labels)["model_name"]: s.vals[-1] for s in store.select("vllm:kv_cache_usage_perc")}
     assert kv == {"m": 0.5, "n": 0.7}
     assert list(store.select("vllm:gpu_cache_usage_perc")) == []
@@ -146,8 +137,7 @@ async def test_legacy_names_are_aliased_and_current_names_win(fault: FaultServer
 async def test_keep_filter_and_conflicting_target_labels(fault: FaultServer) -> None:
     fault.set("/metrics", 'keep{instance="inner"} 1\ndrop 2\n')
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        await target(store, client, fault.url, keep_name={"keep", "up"}.__contains__).scrape(T0)
+    await target(store, fault.url, keep_name={"keep", "up"}.__contains__).scrape(T0)
     assert store.names() == ["keep", "scrape_duration_seconds", "scrape_samples_scraped", "up"]
     labels = dict(one(store, "keep").labels)
     assert labels["instance"] == "vllm-0" and labels["exported_instance"] == "inner"
@@ -162,7 +152,6 @@ def test_garbage_never_escapes_as_anything_but_scrape_error(text: str) -> None:
         job="j",
         instance="i",
         store=store,
-        client=None,  # type: ignore[arg-type]
         timeout=1,
         sample_limit=1000,
         body_size_limit=1 << 20,
@@ -178,23 +167,22 @@ async def test_samples_out_of_time_bounds_are_dropped_counted_and_shown(fault: F
     future, past = now_ms + 10 * 365 * 86_400_000, now_ms - 2 * 3_600_000
     fault.set("/metrics", f"a 1 {future}\nb 2 {past}\nc 3\nd 4 {now_ms + 600_000}\n")
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        t = target(store, client, fault.url)
-        status = await t.scrape(T0)
-        assert status.up and status.samples == 4
-        assert status.out_of_bounds == 2 and status.out_of_bounds_total == 2
-        assert status.last_error == (
-            "error on ingesting samples that are too old or are too far into the future: 2 dropped"
-        )
-        assert list(store.select("a")) == [] and list(store.select("b")) == []
-        assert list(one(store, "d").ts) == [now_ms + 600_000]  # 10 minutes ahead is still accepted
-        for i in range(1, 4):  # the target goes on sending the bad sample, and good ones
-            fault.set("/metrics", f"a 1 {future}\nc {i}\n")
-            status = await t.scrape(T0 + i)
-        assert status.up and status.out_of_bounds == 1 and status.out_of_bounds_total == 5
-        assert list(store.select("a")) == []
-        fault.set("/metrics", "a 7\nc 9\n")  # the far-future sample is gone: `a` takes samples at once
-        status = await t.scrape(T0 + 4)
+    t = target(store, fault.url)
+    status = await t.scrape(T0)
+    assert status.up and status.samples == 4
+    assert status.out_of_bounds == 2 and status.out_of_bounds_total == 2
+    assert status.last_error == (
+        "error on ingesting samples that are too old or are too far into the future: 2 dropped"
+    )
+    assert list(store.select("a")) == [] and list(store.select("b")) == []
+    assert list(one(store, "d").ts) == [now_ms + 600_000]  # 10 minutes ahead is still accepted
+    for i in range(1, 4):  # the target goes on sending the bad sample, and good ones
+        fault.set("/metrics", f"a 1 {future}\nc {i}\n")
+        status = await t.scrape(T0 + i)
+    assert status.up and status.out_of_bounds == 1 and status.out_of_bounds_total == 5
+    assert list(store.select("a")) == []
+    fault.set("/metrics", "a 7\nc 9\n")  # the far-future sample is gone: `a` takes samples at once
+    status = await t.scrape(T0 + 4)
     assert status.up and status.out_of_bounds == 0 and status.last_error is None
     assert list(one(store, "a").vals) == [7.0]
     assert list(one(store, "c").vals) == [3.0, 1.0, 2.0, 3.0, 9.0]
@@ -203,8 +191,7 @@ async def test_samples_out_of_time_bounds_are_dropped_counted_and_shown(fault: F
 async def test_a_4_mib_label_name_gives_a_bounded_error(fault: FaultServer) -> None:
     huge = "l" * (4 << 20)
     fault.set("/metrics", f'a{{{huge}="1",{huge}="2"}} 1\n')
-    async with httpx.AsyncClient() as client:
-        status = await target(SampleStore(600), client, fault.url, body_size_limit=16 << 20).scrape(T0)
+    status = await target(SampleStore(600), fault.url, body_size_limit=16 << 20).scrape(T0)
     assert not status.up and status.last_error is not None
     assert status.last_error.startswith("parse error: line 1: duplicate label name 'llll")
     assert len(status.last_error) < 1024

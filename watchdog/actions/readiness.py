@@ -38,7 +38,20 @@ class ReadyCheck:
         """(True, "") once ready; (False, the last reason) when `timeout` seconds pass first, or at once
         when `alive` says the server process or container has exited (no point waiting for it)."""
         deadline = self.monotonic() + timeout
-        health = HealthProbe(target.health_url, self.client, max(target.health_timeout, 2.0))
+        health = HealthProbe(target.health_url, max(target.health_timeout, 2.0))
+        try:
+            return await self._wait(target, timeout, alive, health, deadline)
+        finally:
+            await health.aclose()
+
+    async def _wait(
+        self,
+        target: TargetConfig,
+        timeout: float,
+        alive: Callable[[], Awaitable[bool]] | None,
+        health: HealthProbe,
+        deadline: float,
+    ) -> tuple[bool, str]:
         # The canary always runs here, even where the periodic canary is disabled: only a generated
         # token proves the engine is back, and the model may have changed across a relaunch.
         canary_cfg = replace(target.canary, enabled=True, timeout=max(target.canary.timeout, 10.0))

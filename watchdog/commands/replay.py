@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
-import httpx
-
 from ..config.model import Config
 from ..errors import ScrapeError
 from ..notifiers.alert import OutgoingAlert
@@ -96,7 +94,6 @@ class Replayer:
         self.dispatch = dispatch
         self.stats = ReplayStats()
         self.transitions: list[Transition] = []
-        self._client = httpx.AsyncClient(trust_env=False)  # never used: replayed scrapes are not fetched
         self._targets: dict[tuple[str, str], ScrapeTarget] = {}
         self._gpus: dict[str, GpuCollector] = {}
         self._due: dict[GroupKey, float] = {}
@@ -145,7 +142,6 @@ class Replayer:
             job=rec.job,
             instance=rec.instance,
             store=self.store,
-            client=self._client,
             timeout=g.scrape_timeout,
             sample_limit=g.sample_limit,
             body_size_limit=g.body_size_limit,
@@ -213,7 +209,7 @@ class Replayer:
         self.transitions.append(Transition(t, group, name, labels, state, v, detail))
 
     def close(self) -> None:
-        """Nothing to release beyond the unused client (it never opened a connection)."""
+        """Drop the targets (a replayed target never opened a connection)."""
         self._targets.clear()
 
 

@@ -36,7 +36,8 @@ class TargetRuntime:
     """Everything that watches one configured target."""
 
     config: TargetConfig
-    scrape: ScrapeTarget  # its client also serves the probes
+    scrape: ScrapeTarget  # its own kept-alive connection
+    client: httpx.AsyncClient  # the canary's and the engine state probe's
     health: HealthProbe
     canary: CanaryProbe | None
     state: EngineStateProbe  # paused or asleep on purpose (dev-mode endpoints)
@@ -68,7 +69,7 @@ class Monitor:
         # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
         # so a single shared pool costs O(targets) per scrape.
         self.client_factory = client_factory
-        self.retired: list[httpx.AsyncClient] = []
+        self.retired: list[ScrapeTarget | HealthProbe | httpx.AsyncClient] = []
         self.monotonic = monotonic
         self.keep_all = keep_all
         self.recorder = recorder  # `run --record`: every scrape and probe, for `replay`
@@ -99,38 +100,40 @@ class Monitor:
                 self.targets[tc.name] = prev
                 continue
             if prev is not None:
-                self._retire(prev.scrape, now)
+                self._retire(prev, now)
             self.targets[tc.name] = self._build_target(config, tc, keep)
         for gone in old.values():
-            self._retire(gone.scrape, now)
+            self._retire(gone, now)
             for kind in ("scrape", "health", "canary", "bounds"):
                 self.warnings.forget((kind, gone.config.name))
         if self.dcgm is not None and (self.config.gpus != config.gpus or not same_scrape):
-            self._retire(self.dcgm, now)
+            if now is not None:
+                self.dcgm.forget(now)
+            self.retired.append(self.dcgm)
             self.dcgm = None
         if config.gpus.dcgm_url and self.dcgm is None:
             url = config.gpus.dcgm_url
-            self.dcgm = self._scraper(config, url, "dcgm", _hostport(url), keep, {}, self.client_factory())
+            self.dcgm = self._scraper(config, url, "dcgm", _hostport(url), keep, {})
         self.keep_names = keep_names
         self.config, self.rules = config, rules
 
-    def _retire(self, scrape: ScrapeTarget, now: float | None) -> None:
+    def _retire(self, rt: TargetRuntime, now: float | None) -> None:
         if now is not None:
-            scrape.forget(now)
-        self.retired.append(scrape.client)
+            rt.scrape.forget(now)
+        self.retired += [rt.scrape, rt.health, rt.client]
 
     async def close_retired(self) -> None:
-        """Close the clients of targets dropped by a reload."""
+        """Close the connections of targets dropped by a reload."""
         retired, self.retired = self.retired, []
-        for client in retired:
-            await client.aclose()
+        for closable in retired:
+            await closable.aclose()
 
     async def aclose(self) -> None:
-        """Close every client."""
+        """Close every connection."""
         for rt in self.targets.values():
-            self.retired.append(rt.scrape.client)
+            self.retired += [rt.scrape, rt.health, rt.client]
         if self.dcgm is not None:
-            self.retired.append(self.dcgm.client)
+            self.retired.append(self.dcgm)
         await self.close_retired()
 
     def _scraper(
@@ -141,7 +144,6 @@ class Monitor:
         instance: str,
         keep: Callable[[str], bool] | None,
         labels: dict[str, str],
-        client: httpx.AsyncClient,
     ) -> ScrapeTarget:
         g = config.global_
         return ScrapeTarget(
@@ -149,7 +151,6 @@ class Monitor:
             job=job,
             instance=instance,
             store=self.store,
-            client=client,
             timeout=g.scrape_timeout,
             sample_limit=g.sample_limit,
             body_size_limit=g.body_size_limit,
@@ -163,12 +164,12 @@ class Monitor:
         self, config: Config, tc: TargetConfig, keep: Callable[[str], bool] | None
     ) -> TargetRuntime:
         client = self.client_factory()
-        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels), client)
-        health = HealthProbe(tc.health_url, client, tc.health_timeout, self.monotonic)
+        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels))
+        health = HealthProbe(tc.health_url, tc.health_timeout, self.monotonic)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
         state = EngineStateProbe(tc.url, client, tc.health_timeout, self.monotonic)
         labels = {**tc.labels, "job": "vllm", "instance": tc.name}
-        return TargetRuntime(tc, scrape, health, canary, state, labels)
+        return TargetRuntime(tc, scrape, client, health, canary, state, labels)
 
     def _record_probe(self, rt: TargetRuntime, st: ProbeStatus, kind: str, now: float) -> None:
         """Log a failed probe and store its outcome and latency as samples of the target."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,12 +12,16 @@ from typing import Any
 import httpx
 
 from ..config.targets import CanaryConfig
+from ..errors import ScrapeError
+from .httpget import HttpGet
 
 PROBE_SERIES: dict[str, tuple[str, str]] = {
     "health": ("vllm_watchdog_health_up", "vllm_watchdog_health_latency_seconds"),
     "canary": ("vllm_watchdog_canary_success", "vllm_watchdog_canary_latency_seconds"),
 }
 """Probe kind -> (outcome series 1/0, latency series in seconds), as the monitor stores them."""
+HEALTH_BODY_LIMIT = 1 << 20  # vLLM answers /health with an empty body; a proxy's error page fits too
+_HEALTH_HEADERS = {"Accept-Encoding": "identity", "User-Agent": "vllm-watchdog"}
 
 
 @dataclass
@@ -38,33 +44,38 @@ class ProbeStatus:
 
 
 class HealthProbe:
-    """GET /health with a timeout; 200 means up."""
+    """GET /health with a timeout over the whole exchange, on a kept-alive connection; 200 means up."""
 
     def __init__(
         self,
         url: str,
-        client: httpx.AsyncClient,
         timeout: float,
         monotonic: Callable[[], float] = time.perf_counter,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
-        self.client = client
         self.timeout = timeout
         self.monotonic = monotonic
         self.status = ProbeStatus()
+        self._http = HttpGet(url, _HEALTH_HEADERS, HEALTH_BODY_LIMIT, tls)
 
     async def probe(self, now: float) -> ProbeStatus:
         """Run once at wall-clock `now`; never raises for target faults."""
         start = self.monotonic()
         try:
-            resp = await self.client.get(self.url, timeout=self.timeout)
-            ok = resp.status_code == 200
-            error = None if ok else f"HTTP status {resp.status_code}"
-        except httpx.TimeoutException:
+            async with asyncio.timeout(self.timeout):
+                resp = await self._http.get()
+            ok = resp.status == 200
+            error = None if ok else f"HTTP status {resp.status}"
+        except TimeoutError:
             ok, error = False, f"timeout after {self.timeout:g}s"
-        except httpx.HTTPError as exc:
-            ok, error = False, f"{type(exc).__name__}: {exc}"
+        except ScrapeError as exc:
+            ok, error = False, str(exc)
         return self.status.record(now, ok, self.monotonic() - start, error)
+
+    async def aclose(self) -> None:
+        """Close the kept-alive connection."""
+        await self._http.aclose()
 
 
 class CanaryProbe:

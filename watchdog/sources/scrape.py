@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
-
-import httpx
 
 from ..errors import SampleLimitError, ScrapeError
 from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
 from .exposition import ExpositionError, find_line, iter_samples, parse_series
+from .httpget import HttpGet
 
 _SKIP = Series(())  # cached for series that the rules do not need
 # A sample's own timestamp must lie within these bounds of the scrape time, as Prometheus accepts it: at most
@@ -81,7 +81,6 @@ class ScrapeTarget:
         job: str,
         instance: str,
         store: SampleStore,
-        client: httpx.AsyncClient,
         timeout: float,
         sample_limit: int,
         body_size_limit: int,
@@ -89,12 +88,14 @@ class ScrapeTarget:
         extra_labels: dict[str, str] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
         recorder: ScrapeRecorder | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.job = job
         self.instance = instance
         self.store = store
-        self.client = client
+        self.tls = tls
+        self._http: HttpGet | None = None  # made at the first fetch: replay and benches never fetch
         self.timeout = timeout
         self.sample_limit = sample_limit
         self.body_size_limit = body_size_limit
@@ -111,39 +112,33 @@ class ScrapeTarget:
     async def fetch(self) -> str:
         """GET the body, bounded by timeout (overall, as Prometheus' scrape_timeout) and body_size_limit."""
         try:
-            # httpx's timeout bounds each read, not the whole exchange: a target that trickles its body
-            # would hold the scrape for ever without the overall deadline.
+            # One deadline over the whole exchange: a target that trickles its body, a byte at a time, must
+            # not hold the scrape longer than a silent one.
             async with asyncio.timeout(self.timeout):
                 return await self._fetch()
         except TimeoutError as exc:
             raise ScrapeError(f"timeout after {self.timeout:g}s (deadline exceeded)", "timeout") from exc
 
     async def _fetch(self) -> str:
+        if self._http is None:
+            self._http = HttpGet(self.url, _HEADERS, self.body_size_limit, self.tls)
+        resp = await self._http.get()
+        if resp.status != 200:
+            raise ScrapeError(f"server returned HTTP status {resp.status}", "status")
         try:
-            async with self.client.stream("GET", self.url, headers=_HEADERS, timeout=self.timeout) as resp:
-                if resp.status_code != 200:
-                    raise ScrapeError(f"server returned HTTP status {resp.status_code}", "status")
-                declared = resp.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > self.body_size_limit:
-                    raise ScrapeError(
-                        f"body size {declared} exceeds body_size_limit {self.body_size_limit}",
-                        "size",
-                    )
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.aiter_raw():
-                    size += len(chunk)
-                    if size > self.body_size_limit:
-                        raise ScrapeError(f"body exceeds body_size_limit {self.body_size_limit}", "size")
-                    chunks.append(chunk)
-        except httpx.TimeoutException as exc:
-            raise ScrapeError(f"timeout after {self.timeout:g}s ({type(exc).__name__})", "timeout") from exc
-        except httpx.HTTPError as exc:
-            raise ScrapeError(f"{type(exc).__name__}: {exc}") from exc
-        try:
-            return b"".join(chunks).decode("utf-8")
+            return resp.body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ScrapeError(f"body is not UTF-8: {exc}", "encoding") from exc
+
+    @property
+    def connected(self) -> bool:
+        """Whether the scrape connection is open (kept alive between scrapes)."""
+        return self._http is not None and self._http.connected
+
+    async def aclose(self) -> None:
+        """Close the kept-alive scrape connection."""
+        if self._http is not None:
+            await self._http.aclose()
 
     def _series_for(self, raw: str) -> Series:
         name, labels = parse_series(raw)
