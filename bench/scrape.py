@@ -272,6 +272,7 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         groups = {"daemon": [daemon.pid], "prometheus": [prom.pid], "targets": [targets.pid, *kids]}
         d0, p0 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
         busy0, cpu0, m0 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
+        rss_start = {k: rss_mib(v) for k, v in groups.items()}
         rss_max = dict.fromkeys(groups, 0.0)
         while (left := m0 + args.duration - time.monotonic()) > 0:
             rss_max = {k: max(rss_max[k], rss_mib(v)) for k, v in groups.items()}
@@ -283,6 +284,7 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         res["scrapes_expected"] = args.targets * window
         for k, v in groups.items():
             res[k] = {"cpu_pct": 100 * (cpu1[k] - cpu0[k]) / window, "rss_end_mib": rss_mib(v)}
+            res[k]["rss_start_mib"] = rss_start[k]
             res[k]["rss_max_mib"] = max(rss_max[k], res[k]["rss_end_mib"])
         for k, a, b in (("daemon", d0, d1), ("prometheus", p0, p1)):
             res[k] |= {f"{n}_delta": b[n] - a[n] for n in a if n not in ("up", "rule")}
@@ -317,9 +319,11 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     d, pr, t, window = res["daemon"], res["prometheus"], res["targets"], res["window_s"]
     print(f"\nload: {args.targets} targets ({res['targets_server']}), scrape + evaluation interval 1 s, "
           f"warm-up {args.warmup:g} s, window {window:.1f} s")  # fmt: skip
-    print(f"  {'process':<28}{'CPU % of a core':>16}{'RSS end MiB':>14}{'RSS max MiB':>14}")
+    heads = f"{'CPU % of a core':>16}{'RSS start MiB':>14}{'RSS end MiB':>14}{'RSS max MiB':>14}"
+    print(f"  {'process':<28}{heads}")
     for label, r in (("vllm-watchdog (python)", d), ("prometheus 2.42", pr), ("fake targets", t)):
-        print(f"  {label:<28}{r['cpu_pct']:16.1f}{r['rss_end_mib']:14.1f}{r['rss_max_mib']:14.1f}")
+        rss = f"{r['rss_start_mib']:14.1f}{r['rss_end_mib']:14.1f}{r['rss_max_mib']:14.1f}"
+        print(f"  {label:<28}{r['cpu_pct']:16.1f}{rss}")
     busy, ours = res["machine_busy_pct"], (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
     print(f"  machine busy {busy:.1f}% of all {res['nproc']} cores: these three {ours:.1f}%, "
           f"everything else (this script, other load) {busy - ours:.1f}%")  # fmt: skip
