@@ -17,7 +17,8 @@ import tempfile
 import time
 
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.process import GatewayProcess, spec_for
+from vllm_watchdog.gateway.process import GatewayProcess
+from vllm_watchdog.gateway.spec import spec_for
 
 
 def free_port() -> int:

@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Run the gateway process alone (systemd's vllm-watchdog-gateway.service, compose's gateway service)."""
-    from .gateway.process import main as gateway_main  # the gateway imports no daemon code
+    from .gateway.main import main as gateway_main  # the gateway imports no daemon code
 
     argv = ["--log-level", args.log_level]
     if args.config:

@@ -29,7 +29,7 @@ from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
 from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
-from vllm_watchdog.gateway.link import LocalLink
+from vllm_watchdog.gateway.locallink import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.config import NotifierConfig

@@ -23,7 +23,7 @@ from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.gateway.feed import GatewayFeed
 from vllm_watchdog.gateway.handle import GatewayControl, GatewayControlOptions, window_quantile
-from vllm_watchdog.gateway.link import LocalLink
+from vllm_watchdog.gateway.locallink import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.gateway.snapshot import HistogramSnapshot
 from vllm_watchdog.notifiers.alert import OutgoingAlert

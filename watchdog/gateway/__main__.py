@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .process import main
+from .main import main
 
 sys.exit(main())

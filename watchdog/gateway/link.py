@@ -1,16 +1,11 @@
-"""How the daemon reaches a gateway: the gateway process over its control channel, or (tests with injected
-clocks) a GatewayServer in this process. Both speak the same commands (`commands.py`)."""
+"""How the daemon reaches a gateway: the gateway process over its control channel (`process.py`), or (tests
+with injected clocks) a GatewayServer in this process (`locallink.py`). Both speak the same commands
+(`commands.py`); this protocol is all the daemon imports, so it never loads the gateway's server."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
-
-from .channel import CommandRefused
-from .commands import CommandError, GatewayCommands
-from .server import GatewayServer
 
 
 class GatewayLink(Protocol):
@@ -29,33 +24,3 @@ class GatewayLink(Protocol):
 
     async def stop(self, grace: float) -> None:
         """Stop the gateway (if this side owns it); in-flight requests get `grace` seconds."""
-
-
-class LocalLink:
-    """A GatewayServer on its own thread in this process: tests drive its clock."""
-
-    supervise = True
-
-    def __init__(self, server: GatewayServer, *, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.server = server
-        self.commands = GatewayCommands(server, monotonic=monotonic)
-
-    async def attach(self) -> dict[str, Any]:
-        """Start the server thread."""
-        await asyncio.to_thread(self.server.start)
-        return dict(await self.request("hello"))
-
-    async def request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
-        """Run the command on the gateway's loop."""
-        try:
-            return await self.server.call(lambda: self.commands.run(op, args or {}))
-        except CommandError as exc:
-            raise CommandRefused(str(exc)) from None
-
-    async def revive(self) -> dict[str, Any] | None:
-        """A thread does not die on its own."""
-        return None
-
-    async def stop(self, grace: float) -> None:
-        """Stop serving."""
-        await asyncio.to_thread(self.server.stop, grace)

@@ -1,11 +1,11 @@
-"""The gateway as a process of its own: its main loop, and the daemon's supervisor that starts and adopts it.
+"""The daemon's side of the gateway process: starts it, adopts one that already runs, starts a new one if it
+died, and stops it.
 
-The gateway carries inference traffic, so nothing the daemon does may slow or stop it: a busy rule evaluation,
-a pathological API request, a SIGSTOP or a kill -9 of the daemon. It therefore runs in its own process
-(`python -m vllm_watchdog.gateway`), keeps its last limits when the daemon is gone, and lifts drains and
-throttle holds once the daemon has been silent past `gateway.control_lease`. The daemon starts it (or, with
-`gateway.supervise: false`, finds one that systemd or compose runs), adopts a running one after its own
-restart without dropping a stream, and starts a new one if it dies.
+The gateway runs in a process of its own (`python -m vllm_watchdog.gateway`, `main.py`), so that nothing the
+daemon does may slow or stop inference traffic. The daemon starts it (or, with `gateway.supervise: false`,
+finds one that systemd or compose runs), adopts a running one after its own restart without dropping a
+stream, and starts a new one if it dies. It speaks to it only over the control channel: nothing here imports
+the gateway's server.
 """
 
 from __future__ import annotations
@@ -20,24 +20,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from .. import logs
-from ..errors import ConfigError
-from ..fdlimits import raise_open_files_limit
-from ..sdnotify import Notifier
-from .channel import ChannelError, ControlClient, ControlServer, default_socket_path
-from .codec import decode, encode
-from .commands import CommandError, GatewayCommands
+from .channel import ChannelError, ControlClient
+from .codec import encode
 from .config import GatewayConfig
-from .server import GatewayServer
+from .spec import EXIT_CANNOT_LISTEN, STOP_GRACE, GatewaySpec, spec_for
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = 60.0  # a new gateway process must answer on its control socket within this
-STOP_GRACE = 5.0  # in-flight requests get this long when the gateway is stopped on purpose
-EXIT_CANNOT_LISTEN = 3
-LEASE_CHECK = 1.0
 
 
 class StaleGateway(Exception):
@@ -48,115 +39,9 @@ class StaleGateway(Exception):
         self.pid = pid
 
 
-@dataclass(frozen=True)
-class GatewaySpec:
-    """Everything a gateway process needs: its config, control socket and lease (sent as JSON on stdin)."""
-
-    gateway: GatewayConfig
-    control_socket: str
-    control_lease: float
-
-
-# -- the gateway process ---------------------------------------------------------------------------------
-
-
-def serve(spec: GatewaySpec, env: Mapping[str, str] | None = None) -> int:
-    """Run the gateway until SIGTERM/SIGINT; the exit code says why it ended."""
-    # First: the listener sizes its connection cap (at most half the soft limit, the rest left for upstream
-    # connections and the control channel) from the limit in force when it starts.
-    raise_open_files_limit()
-    server = GatewayServer(spec.gateway)
-    try:
-        server.start()
-    except OSError as exc:
-        log.error("gateway cannot listen", extra={"error": str(exc)})
-        return EXIT_CANNOT_LISTEN
-    try:
-        return asyncio.run(_control(server, spec, Notifier(os.environ if env is None else env)))
-    finally:
-        server.stop(STOP_GRACE)
-
-
-async def _control(server: GatewayServer, spec: GatewaySpec, notifier: Notifier) -> int:
-    commands = GatewayCommands(server, lease=spec.control_lease)
-
-    async def handle(op: str, args: Mapping[str, Any]) -> Any:
-        try:
-            return await server.call(lambda: commands.run(op, args))
-        except CommandError as exc:
-            raise ValueError(str(exc)) from None
-
-    control = ControlServer(spec.control_socket, handle)
-    await control.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    log.info(
-        "gateway serving",
-        extra={"target": spec.gateway.target, "listen": server.url, "control": spec.control_socket},
-    )
-    notifier.ready()
-    try:
-        while not stop.is_set() and server.running:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), LEASE_CHECK)
-            if server.running:
-                await server.call(commands.check_lease)
-            notifier.ping()
-    finally:
-        notifier.stopping()
-        await control.close()
-    return 0 if stop.is_set() else 1
-
-
-def spec_for(gateway: GatewayConfig, state_dir: str | None) -> GatewaySpec:
-    """The spec of the gateway a config describes (the same whoever starts it: daemon, systemd, compose)."""
-    listen = f"{gateway.listen_host}:{gateway.listen_port}"
-    socket_path = gateway.control_socket or default_socket_path(state_dir, gateway.target, listen)
-    return GatewaySpec(gateway, socket_path, gateway.control_lease)
-
-
 def process_link(gateway: GatewayConfig, state_dir: str | None) -> GatewayProcess:
     """The daemon's link to the gateway process a config describes."""
     return GatewayProcess(spec_for(gateway, state_dir), supervise=gateway.supervise)
-
-
-def _spec_from_config(path: str | None) -> GatewaySpec:
-    from ..config.model import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
-    from ..redact import config_secrets  # noqa: PLC0415
-
-    config = load_config(path, os.environ)
-    if config.gateway is None:
-        raise ValueError(f"{config.source}: no `gateway:` section")
-    logs.use_secrets(config_secrets(config))
-    return spec_for(config.gateway, config.state_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m vllm_watchdog.gateway [--config FILE | --spec-stdin] [--log-level L]`.
-
-    With --config (systemd or compose run it) the `gateway:` section of that file; with --spec-stdin (the
-    daemon starts it) a GatewaySpec as JSON on stdin."""
-    args = sys.argv[1:] if argv is None else argv
-    level = args[args.index("--log-level") + 1] if "--log-level" in args[:-1] else "info"
-    logs.setup(level)
-    try:
-        if "--spec-stdin" in args:
-            spec = decode(GatewaySpec, json.loads(sys.stdin.read(1024 * 1024)))
-        else:
-            spec = _spec_from_config(args[args.index("--config") + 1] if "--config" in args[:-1] else None)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"vllm-watchdog gateway: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 2
-    return serve(spec)
-
-
-# -- the daemon's side -----------------------------------------------------------------------------------
 
 
 class GatewayProcess:
