@@ -9,7 +9,6 @@ from typing import Any
 
 from ..config.targets import TargetConfig
 from ..errors import ActionError
-from .docker import DockerRuntime
 from .process import ProcessRuntime
 from .runtime import Launch, Runtime
 from .systemd import SystemdRuntime
@@ -107,6 +106,8 @@ def _build(
         except Exception as exc:  # the docker SDK raises DockerException, requests and OS errors
             log.error("Docker engine not reachable", extra={"target": t.name, "error": str(exc)})
             return UnavailableRuntime("docker", t.name, f"Docker engine not reachable: {exc}")
+        from .docker import DockerRuntime  # noqa: PLC0415  # the docker SDK (~0.1 s) only for a container target
+
         return DockerRuntime(t.name, t.container, client)
     if t.mode == "process":
         log_path = os.path.join(state_dir, f"vllm-{t.name}.log") if state_dir else None
