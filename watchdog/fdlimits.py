@@ -17,12 +17,9 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 RESERVE = 64  # descriptors kept for scrapes, probes, notifications and state writes
@@ -206,35 +203,3 @@ class AcceptErrors:
             extra={"failures": self._since, "error": str(exc), "open_fds": open_fds(), "limit": soft_limit()},
         )
         self._since, self._logged_at = 0, now
-
-
-class FdCollector(Collector):
-    """The descriptor limit, use and reserve, and the connections shed to keep it."""
-
-    def __init__(self, guard: FdReserve) -> None:
-        self.guard = guard
-
-    def collect(self) -> Iterator[Metric]:
-        """Build the families."""
-        soft, used = soft_limit(), open_fds()
-        if soft is not None:
-            yield GaugeMetricFamily("vllm_watchdog_fd_limit", "The soft RLIMIT_NOFILE.", value=soft)
-        if used is not None:
-            yield GaugeMetricFamily(
-                "vllm_watchdog_fd_open", "File descriptors this process holds.", value=used
-            )
-        yield GaugeMetricFamily(
-            "vllm_watchdog_fd_reserve",
-            "Descriptors kept back from API clients for scrapes, probes and state writes.",
-            value=self.guard.reserve,
-        )
-        yield CounterMetricFamily(
-            "vllm_watchdog_fd_connections_shed",
-            "API connections closed at accept because they would have used the descriptor reserve.",
-            value=self.guard.shed,
-        )
-        yield CounterMetricFamily(
-            "vllm_watchdog_fd_accept_errors",
-            "Accepts that failed because the process or system was out of descriptors (EMFILE, ENFILE).",
-            value=self.guard.accept_errors,
-        )

@@ -22,12 +22,9 @@ from __future__ import annotations
 import asyncio
 import http
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as HttpProtocol
@@ -300,33 +297,3 @@ class BoundedProtocol(asyncio.Protocol):
         else:
             message = "The server has too many open connections; retry shortly."
             self._close_with(self.listener.refusal(503, "connection_limit", message, b"retry-after: 1\r\n"))
-
-
-class ListenerCollector(Collector):
-    """A listener's open connections, evictions and refusals by reason, as `<prefix>connections` etc."""
-
-    def __init__(self, prefix: str, listener: Callable[[], Listener | None]) -> None:
-        self.prefix = prefix
-        self.listener = listener
-
-    def collect(self) -> Iterator[Metric]:
-        """Build the families."""
-        listener = self.listener()
-        if listener is None:
-            return
-        yield GaugeMetricFamily(
-            self.prefix + "connections", "Open client connections.", value=len(listener.connections)
-        )
-        yield CounterMetricFamily(
-            self.prefix + "connections_evicted",
-            "Idle or header-sending connections closed to make room for a new one at the connection cap.",
-            value=listener.evicted,
-        )
-        refused = CounterMetricFamily(
-            self.prefix + "refused",
-            "Requests or connections refused below the application, by reason.",
-            labels=["reason"],
-        )
-        for reason, n in sorted(listener.refused.items()):
-            refused.add_metric([reason], n)
-        yield refused

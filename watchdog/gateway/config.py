@@ -6,11 +6,14 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.durations import parse_duration, parse_size
-from ..config.yamlnodes import Node
 from .routes import ADMIN, admin_root
+
+if TYPE_CHECKING:  # the gateway process reads its config as JSON, not YAML
+    from ..config.yamlnodes import Node
 
 MiB = 1024 * 1024
 ADAPTIVE_SIGNALS = ("queue_time", "ttft")

@@ -9,9 +9,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import httpx
 import uvicorn
 
 try:
@@ -28,6 +27,9 @@ from .proxy import Proxy
 from .signals import SessionSignals
 from .snapshot import GatewaySnapshot
 from .throttle import Throttle
+
+if TYPE_CHECKING:
+    import httpx  # the gateway forwards with aiohttp: httpx is only the type of a refused argument
 
 T = TypeVar("T")
 BACKOFF_TICK = 1.0  # seconds between the gateway's own throttle steps (the daemon's ticks come on top)

@@ -26,13 +26,13 @@ from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
 from ..config.model import Config
 from ..errors import ConfigError
-from ..fdlimits import AcceptErrors, FdCollector, FdReserve, reserving_listener
+from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
 from ..gateway.config import GatewayConfig
 from ..gateway.feed import GatewayFeed
 from ..gateway.link import GatewayLink
 from ..gateway.metrics import GatewayCollector, exposition
 from ..gateway.process import process_link
-from ..listener import Listener, ListenerCollector, ListenerLimits
+from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation
 from ..ruler.files import RuleGroup
@@ -45,7 +45,7 @@ from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
 from .loading import load_all
 from .schedule import Job, Schedule
-from .selfmetrics import DaemonCounters, WatchdogCollector
+from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, WatchdogCollector
 
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -12,6 +12,8 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..actions.plane import NOTIFY_DB
 from ..actions.state import ACTIONS_DB
+from ..fdlimits import FdReserve, open_fds, soft_limit
+from ..listener import Listener
 from ..ruler.evaluation import STATE_FILE, RuleEvaluation
 from ..sources.enginestate import STATE_SERIES
 from ..sources.monitor import Monitor
@@ -245,3 +247,65 @@ def _evaluations(ev: RuleEvaluation) -> Iterator[Metric]:
     )
     remote.add_metric([], ev.stats.remote_failures)
     yield remote
+
+
+class FdCollector(Collector):
+    """The descriptor limit, use and reserve, and the connections shed to keep it."""
+
+    def __init__(self, guard: FdReserve) -> None:
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the families."""
+        soft, used = soft_limit(), open_fds()
+        if soft is not None:
+            yield GaugeMetricFamily("vllm_watchdog_fd_limit", "The soft RLIMIT_NOFILE.", value=soft)
+        if used is not None:
+            yield GaugeMetricFamily(
+                "vllm_watchdog_fd_open", "File descriptors this process holds.", value=used
+            )
+        yield GaugeMetricFamily(
+            "vllm_watchdog_fd_reserve",
+            "Descriptors kept back from API clients for scrapes, probes and state writes.",
+            value=self.guard.reserve,
+        )
+        yield CounterMetricFamily(
+            "vllm_watchdog_fd_connections_shed",
+            "API connections closed at accept because they would have used the descriptor reserve.",
+            value=self.guard.shed,
+        )
+        yield CounterMetricFamily(
+            "vllm_watchdog_fd_accept_errors",
+            "Accepts that failed because the process or system was out of descriptors (EMFILE, ENFILE).",
+            value=self.guard.accept_errors,
+        )
+
+
+class ListenerCollector(Collector):
+    """A listener's open connections, evictions and refusals by reason, as `<prefix>connections` etc."""
+
+    def __init__(self, prefix: str, listener: Callable[[], Listener | None]) -> None:
+        self.prefix = prefix
+        self.listener = listener
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the families."""
+        listener = self.listener()
+        if listener is None:
+            return
+        yield GaugeMetricFamily(
+            self.prefix + "connections", "Open client connections.", value=len(listener.connections)
+        )
+        yield CounterMetricFamily(
+            self.prefix + "connections_evicted",
+            "Idle or header-sending connections closed to make room for a new one at the connection cap.",
+            value=listener.evicted,
+        )
+        refused = CounterMetricFamily(
+            self.prefix + "refused",
+            "Requests or connections refused below the application, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(listener.refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
