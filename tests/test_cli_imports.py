@@ -2,7 +2,9 @@
 
 CI runs `test-rules` once per rule test file, so what these commands import is paid on every run. Each case
 runs the command in a fresh interpreter (through `cli.main`, as the console script does) and reads back
-which modules it imported. No timing is asserted; bench/startup.py measures the time.
+which modules it imported. The daemon and the gateway process, started at every `run` (and by many tests),
+import only their own stacks: the daemon no gateway server and no Docker SDK, the gateway no daemon. No
+timing is asserted; bench/startup.py measures the time.
 """
 
 from __future__ import annotations
@@ -54,6 +56,42 @@ NEVER = (
 NOT_FOR_VERSION = ("vllm_watchdog.config.model", "vllm_watchdog.ruler.files", "yaml", "promql_parser", "re2")
 
 
+# The daemon speaks to the gateway process over its control channel and never serves traffic itself; it
+# imports the Docker SDK only for a container target, and the remote PromQL client only with a `rule_backend`.
+DAEMON_NEVER = (
+    "vllm_watchdog.gateway.server",
+    "vllm_watchdog.gateway.proxy",
+    "vllm_watchdog.gateway.commands",
+    "vllm_watchdog.actions.docker",
+    "vllm_watchdog.promql.remote",
+    "aiohttp",
+    "docker",
+    "requests",
+    "prometheus_api_client",
+)
+# The gateway process forwards with aiohttp and takes its spec as JSON: nothing of the daemon, its HTTP
+# client, YAML or the metrics library.
+GATEWAY_NEVER = (
+    "vllm_watchdog.service",
+    "vllm_watchdog.actions",
+    "vllm_watchdog.ruler",
+    "vllm_watchdog.config.model",
+    "httpx",
+    "yaml",
+    "prometheus_client",
+    "apscheduler",
+    "docker",
+)
+
+
+def imported_by(module: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing `module`."""
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
 def run_cli(*args: str) -> tuple[int, str, set[str]]:
     """Exit code, stdout and the imported modules of `vllm-watchdog ARGS` in a fresh interpreter."""
     proc = subprocess.run(
@@ -102,3 +140,15 @@ def test_a_command_that_needs_more_is_seen_importing_it(tmp_path: Path) -> None:
     rc, _, modules = run_cli("query", "--config", str(bad), "up")
     assert rc == 1
     assert "vllm_watchdog.promql.remote" in heavy(modules, NEVER)
+
+
+def test_the_daemon_imports_no_gateway_server_and_no_docker() -> None:
+    modules = imported_by("vllm_watchdog.service.daemon")
+    assert "vllm_watchdog.gateway.process" in modules  # it starts the gateway: the check sees the gateway
+    assert heavy(modules, DAEMON_NEVER) == []
+
+
+def test_the_gateway_process_imports_no_daemon() -> None:
+    modules = imported_by("vllm_watchdog.gateway.main")  # what `python -m vllm_watchdog.gateway` runs
+    assert "aiohttp" in modules
+    assert heavy(modules, GATEWAY_NEVER) == []
