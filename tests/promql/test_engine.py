@@ -172,6 +172,21 @@ def test_vector_matching_group_left_and_errors() -> None:
         engine.query('label_replace(z, "c", "", "", "")', 0)
 
 
+def test_matching_labels_depend_on_the_operation_not_only_the_series() -> None:
+    # Signatures and result labels are cached per (operation, label sets): the same series under other
+    # clauses must still get their own.
+    store = store_with({'x{a="1",b="x"}': [5], 'y{a="1",b="x",c="z"}': [2]})
+    engine = Engine(store)
+    for _ in range(2):
+        assert result(engine, "x * on(a) y", 0) == {lab(a="1"): 10}
+        assert result(engine, "x * on(a, b) y", 0) == {lab(a="1", b="x"): 10}
+        assert result(engine, "x * ignoring(c) y", 0) == {lab(a="1", b="x"): 10}
+        assert result(engine, "x * on(a) group_left(c) y", 0) == {lab(a="1", b="x", c="z"): 10}
+        assert result(engine, "x > on(a) y", 0) == {lab(a="1"): 5}
+        assert result(engine, "x and ignoring(c) y", 0) == {lab(__name__="x", a="1", b="x"): 5}
+        assert result(engine, "x and y", 0) == {}
+
+
 def test_set_operators(engine: Engine) -> None:
     assert result(engine, "x and y", 240) == {}  # x has a `b` label that y lacks
     assert set(result(engine, "x and on(a) y", 240)) == {X1, X2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import lru_cache
 
 from ..store import Labels
 from .compile import Binary
@@ -115,9 +116,17 @@ def signature_func(node: Binary) -> Callable[[Labels], Labels]:
     """The match-signature of a series for this operation's on/ignoring clause."""
     if node.on:
         names = frozenset(node.matching)
-        return lambda labels: tuple(p for p in labels if p[0] in names)
+        return lambda labels: _signature(labels, names, True)
     excluded = frozenset((*node.matching, "__name__"))
-    return lambda labels: tuple(p for p in labels if p[0] not in excluded)
+    return lambda labels: _signature(labels, excluded, False)
+
+
+@lru_cache(maxsize=1 << 16)
+def _signature(labels: Labels, names: frozenset[str], on: bool) -> Labels:
+    # Cached: rules match the same series every evaluation.
+    if on:
+        return tuple(p for p in labels if p[0] in names)
+    return tuple(p for p in labels if p[0] not in names)
 
 
 def set_operation(node: Binary, lhs: Vec, rhs: Vec) -> Vec:
@@ -145,6 +154,7 @@ def _format_labels(labels: Labels) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in labels) + "}"
 
 
+@lru_cache(maxsize=1 << 16)
 def _result_labels(node: Binary, many: Labels, one: Labels) -> Labels:
     out = dict(many)
     if node.op in ARITHMETIC:
