@@ -193,20 +193,19 @@ async def test_notifier_backoff_survives_the_clock_going_back(fault: FaultServer
 async def test_scrape_duration_is_monotonic(fault: FaultServer, clock: Clock) -> None:
     fault.set("/metrics", "a 1\n")
     store = SampleStore(600)
-    async with httpx.AsyncClient() as client:
-        t = ScrapeTarget(
-            url=fault.url + "/metrics",
-            job="j",
-            instance="i",
-            store=store,
-            client=client,
-            timeout=5.0,
-            sample_limit=100,
-            body_size_limit=1 << 20,
-            monotonic=clock.monotonic,
-        )
-        clock.jump(-HOURS)  # a jump during the scrape moves neither its duration nor its deadline
-        status = await t.scrape(clock())
+    t = ScrapeTarget(
+        url=fault.url + "/metrics",
+        job="j",
+        instance="i",
+        store=store,
+        timeout=5.0,
+        sample_limit=100,
+        body_size_limit=1 << 20,
+        monotonic=clock.monotonic,
+    )
+    clock.jump(-HOURS)  # a jump during the scrape moves neither its duration nor its deadline
+    status = await t.scrape(clock())
+    await t.aclose()
     assert status.up and status.last_duration == 0.0 and status.last_scrape == T0 - HOURS
 
 
