@@ -21,7 +21,7 @@ Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
 
 @lru_cache(maxsize=1024)
 def _plan(text: str) -> Node:
-    # Plans are immutable, and the selectors in them key the selections Columns keeps across queries.
+    # Plans are immutable, and the selectors in them key the Selections kept across queries.
     return compile_plan(text)
 
 
