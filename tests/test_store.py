@@ -114,3 +114,21 @@ def test_version_changes_when_series_come_and_go() -> None:
     assert v2 > v1 and store.version() == v2
     store.register(a)  # a scraper's handle brings the dropped series back
     assert store.version("x") > v2
+
+
+def test_gc_keeps_each_name_for_its_own_retention() -> None:
+    store = SampleStore(retention=100.0)
+    store.retention_by_name = {"short": 10.0, "beyond": 1000.0}  # capped at the store's retention
+    for name in ("short", "long", "beyond"):
+        series = store.get(make_labels(name, {}))
+        for t in range(0, 101, 5):
+            series.append(t * 1000, 1.0)
+        store.register(series)
+    store.gc(now=100.0)
+    (short,) = store.select("short")
+    (long,) = store.select("long")
+    (beyond,) = store.select("beyond")
+    assert list(short.ts) == [90_000, 95_000, 100_000]
+    assert list(long.ts) == list(beyond.ts) == [t * 1000 for t in range(0, 101, 5)]
+    store.gc(now=150.0)
+    assert list(store.select("short")) == [] and len(next(iter(store.select("long"))).ts) == 11

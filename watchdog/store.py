@@ -135,10 +135,11 @@ class Series:
 
 
 class SampleStore:
-    """All series, indexed by metric name; bounded by a retention window."""
+    """All series, indexed by metric name; bounded by a retention window, per name where one is set."""
 
     def __init__(self, retention: float) -> None:
-        self.retention = retention
+        self.retention = retention  # the longest; names without their own keep this much
+        self.retention_by_name: dict[str, float] = {}
         self._by_name: dict[str, dict[Labels, Series]] = {}
         self._count = 0
         self._version = 0
@@ -196,11 +197,15 @@ class SampleStore:
         return sum(series.truncate(t_ms) for bucket in self._by_name.values() for series in bucket.values())
 
     def gc(self, now: float) -> int:
-        """Trim samples older than the retention; drop series left empty. Returns series dropped."""
-        min_t = math.floor((now - self.retention) * 1000)
+        """Trim samples older than the retention (the name's own, where set); drop series left empty. Returns
+        series dropped."""
+        default_min_t = math.floor((now - self.retention) * 1000)
+        own = self.retention_by_name
         dropped = 0
         for name in list(self._by_name):
             bucket = self._by_name[name]
+            keep = own.get(name)
+            min_t = default_min_t if keep is None else math.floor((now - min(keep, self.retention)) * 1000)
             for labels in list(bucket):
                 series = bucket[labels]
                 series.trim(min_t)

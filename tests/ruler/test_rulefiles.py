@@ -66,6 +66,9 @@ groups:
     assert needs.names == frozenset({"a_total", "b", "c", "c:sum"})
     # subquery 10m + range 5m + offset 1m = 16m
     assert needs.max_lookback == 16 * 60
+    # each name as far back as its own longest selector; a recorded name read by no rule: the lookback
+    assert dict(needs.lookback_by_name) == {"a_total": 16 * 60, "b": 300, "c": 300, "c:sum": 300}
+    assert needs.history("a_total", 0) == 16 * 60 and needs.history("other", 42) == 42
 
 
 def test_nameless_selector_needs_every_name() -> None:

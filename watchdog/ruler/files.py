@@ -47,10 +47,20 @@ class RuleGroup:
 
 @dataclass(frozen=True)
 class StoreNeeds:
-    """Which metric names rules read, and how far back; `names` None means every name."""
+    """Which metric names rules read, and how far back; `names` None means every name.
+
+    `lookback_by_name`: the history each named metric needs (the longest of its selectors: a rate over
+    [30m] of one name must not keep every other name for 30 minutes). A name read only by a selector
+    without a name (names None) or written by a recording rule and never read needs `lookback`.
+    """
 
     names: frozenset[str] | None
     max_lookback: float
+    lookback_by_name: Mapping[str, float] = field(default_factory=dict)
+
+    def history(self, name: str, default: float) -> float:
+        """Seconds of history to keep for `name`; `default` for a name no selector names."""
+        return self.lookback_by_name.get(name, default)
 
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -177,7 +187,7 @@ def _seconds(delta: Any) -> float:
     return abs(delta.total_seconds()) if delta is not None else 0.0
 
 
-def _needs(node: Any, extra: float, lookback: float, names: set[str] | None) -> tuple[float, bool]:
+def _needs(node: Any, extra: float, lookback: float, names: dict[str, float] | None) -> tuple[float, bool]:
     """Walk the AST: return (max seconds of history needed, whether a name-less selector occurs)."""
     if isinstance(node, promql_parser.MatrixSelector):
         vs = node.vector_selector
@@ -192,9 +202,10 @@ def _needs(node: Any, extra: float, lookback: float, names: set[str] | None) -> 
             ),
             None,
         )
+        need = extra + lookback + _seconds(node.offset)
         if names is not None and name is not None:
-            names.add(name)
-        return extra + lookback + _seconds(node.offset), name is None
+            names[name] = max(names.get(name, 0.0), need)
+        return need, name is None
     if isinstance(node, promql_parser.SubqueryExpr):
         return _needs(node.expr, extra + _seconds(node.range) + _seconds(node.offset), lookback, names)
     children: list[Any] = []
@@ -220,12 +231,14 @@ def history_needed(expr: str) -> float:
 
 def store_needs(groups: Iterable[RuleGroup], lookback: float) -> StoreNeeds:
     """What the sample store must keep so every rule can be evaluated."""
-    names: set[str] = set()
+    names: dict[str, float] = {}
     max_lookback, anyname = lookback, False
     for group in groups:
         for rule in group.rules:
             need, a = _needs(promql_parser.parse(rule.expr), 0.0, lookback, names)
             max_lookback, anyname = max(max_lookback, need), anyname or a
             if rule.kind == "record":
-                names.add(rule.name)
-    return StoreNeeds(names=None if anyname else frozenset(names), max_lookback=max_lookback)
+                names.setdefault(rule.name, lookback)
+    if anyname:  # a selector without a name may read any series over its whole range
+        return StoreNeeds(names=None, max_lookback=max_lookback)
+    return StoreNeeds(names=frozenset(names), max_lookback=max_lookback, lookback_by_name=names)

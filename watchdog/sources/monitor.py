@@ -90,7 +90,14 @@ class Monitor:
         needs = store_needs(rules, g.lookback_delta)
         keep_names = _keep_names(needs, self.keep_all or g.keep_unreferenced)
         keep = keep_names.__contains__ if keep_names is not None else None
-        self.store.retention = needs.max_lookback + max(g.scrape_interval, g.evaluation_interval) + GC_SLACK
+        margin = max(g.scrape_interval, g.evaluation_interval) + GC_SLACK
+        self.store.retention = needs.max_lookback + margin
+        # Each name for as long as its longest selector reads back: the bundled rules keep 40 minutes of the
+        # few families a [30m] rate reads, and 5 of the rest (memory grows with the retention, for every
+        # target). The API and the query command see the same history the rules do.
+        self.store.retention_by_name = {
+            name: need + margin for name, need in needs.lookback_by_name.items() if name not in ALWAYS_KEPT
+        }
         old = self.targets
         same_scrape = self.config.global_ == g and self.keep_names == keep_names
         self.targets = {}
