@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.ruler.files import parse_rule_file
 from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
-from vllm_watchdog.sources.monitor import SUMMARY_EVERY, Monitor
+from vllm_watchdog.sources.monitor import GC_SLACK, SUMMARY_EVERY, Monitor
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +100,22 @@ async def test_out_of_bounds_samples_are_warned_once_and_exported(
     assert 'vllm_watchdog_scrape_samples_out_of_bounds_total{instance="t",job="vllm"} 10.0' in text
     assert 'vllm_watchdog_target_up{instance="t",job="vllm"} 1.0' in text
     await mon.aclose()
+
+
+def test_each_name_the_rules_read_is_kept_as_long_as_its_longest_selector() -> None:
+    rules = parse_rule_file(
+        """
+groups:
+  - name: g
+    rules:
+      - alert: A
+        expr: rate(long_total[30m]) > 0 and short > 1 and up == 0
+""",
+        "r.yml",
+    )
+    cfg = parse_config("global: {scrape_interval: 2s, evaluation_interval: 1s}\n", "c.yml", env={})
+    m = Monitor(cfg, rules, client_factory=httpx.AsyncClient)
+    margin = 2 + GC_SLACK  # the longer interval and the collection's slack
+    assert m.store.retention == 1800 + margin  # the longest: the [30m] range
+    # `up` is always kept for the store's whole retention (the API and the rails read it too)
+    assert m.store.retention_by_name == {"long_total": 1800 + margin, "short": 300 + margin}
