@@ -112,7 +112,7 @@ class HttpGet:
     async def _body(self, reader: asyncio.StreamReader, headers: Mapping[str, str]) -> bytes:
         limit = self.body_size_limit
         try:
-            if "chunked" in headers.get("transfer-encoding", "").lower():
+            if _is_chunked(headers):
                 return await _chunked(reader, limit)
             declared = headers.get("content-length")
             if declared is not None:
@@ -160,9 +160,14 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
         headers[name.strip().lower()] = value.strip()
     connection = headers.get("connection", "").lower()
     keep = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-    if "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "").lower():
+    if "content-length" not in headers and not _is_chunked(headers):
         keep = False  # the body ends when the server closes
     return int(code), headers, keep
+
+
+def _is_chunked(headers: Mapping[str, str]) -> bool:
+    """Whether the body comes in chunks (Transfer-Encoding wins over Content-Length, as RFC 9112 says)."""
+    return "chunked" in headers.get("transfer-encoding", "").lower()
 
 
 async def _chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
