@@ -28,7 +28,9 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pyt
   .venv/bin/pip install -q -e ".[dev]" >&2
 fi
 # The interpreter's ensurepip brings pip and setuptools with known advisories (scripts/audit-deps.py).
-if ! .venv/bin/python -c "import pip, setuptools, sys; from packaging.version import Version as V; sys.exit(V(pip.__version__) < V('25.3') or V(setuptools.__version__) < V('78.1.1'))" 2>/dev/null; then
+# Versions are read from the installed metadata: importing setuptools after pip trips setuptools' distutils
+# hack (an AssertionError), which made this check fail, and pip upgrade, on every run.
+if ! .venv/bin/python -c "import sys; from importlib.metadata import version as v; from packaging.version import Version as V; sys.exit(V(v('pip')) < V('25.3') or V(v('setuptools')) < V('78.1.1'))"; then
   echo "setup: upgrading pip and setuptools in .venv" >&2
   .venv/bin/pip install -q --upgrade "pip>=25.3" "setuptools>=78.1.1" >&2
 fi
