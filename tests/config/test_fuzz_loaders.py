@@ -7,7 +7,7 @@ AttributeError, RecursionError or any other exception.
 Inputs:
 
 * the real files: watchdog/defaults/config.yml, deploy/watchdog.yml, deploy/demo/watchdog.yml (configs),
-  rules/watchdog.yml (an included file), rules/*.rules.yml, deploy/demo/rules.yml and the rule files under
+  watchdog/defaults/watchdog.yml (an included file), rules/*.rules.yml, deploy/demo/rules.yml and the rule files under
   tests/fixtures/ruletests (rule files), and the rule unit-test files under rules/tests and
   tests/fixtures/ruletests;
 * tree mutations of them (loaded, edited, dumped again): a value replaced by a random YAML value or by another
@@ -17,7 +17,7 @@ Inputs:
   anchors, aliases and tags spliced in (these mostly exercise the YAML-syntax path);
 * random YAML documents over the corpus' key vocabulary, and deeply nested flow or block collections.
 
-A config is parsed from a file in a scratch directory that also holds a mutated copy of rules/watchdog.yml
+A config is parsed from a file in a scratch directory that also holds a mutated copy of watchdog/defaults/watchdog.yml
 (`inc.yml`) and a mutated rule file (`r.yml`), so `include:` and `rule_files:` reach mutated files as well as
 the bundled ones. An accepted config's rule files are loaded too (as the daemon's load_all does). An accepted
 rule file is built into a RuleManager over a store holding one sample of every metric its rules read, and
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULETESTS = ROOT / "tests" / "fixtures" / "ruletests"
 CONFIGS = [ROOT / "watchdog" / "defaults" / "config.yml", ROOT / "deploy" / "watchdog.yml"]
 CONFIGS += [ROOT / "deploy" / "demo" / "watchdog.yml"]
-INCLUDED = ROOT / "rules" / "watchdog.yml"
+INCLUDED = ROOT / "watchdog" / "defaults" / "watchdog.yml"
 RULES = [
     ROOT / "rules" / "vllm.rules.yml",
     ROOT / "rules" / "gateway.rules.yml",

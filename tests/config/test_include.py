@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config.model import bundled_rules_dir, load_config
+from vllm_watchdog.config.model import bundled_includes_dir, load_config
 from vllm_watchdog.errors import ConfigError
 
 TARGET = "targets: [{name: vllm-0, url: 'http://127.0.0.1:8000', container: vllm-0}]\n"
@@ -138,7 +138,7 @@ def test_a_missing_file_is_named_at_the_include_line(tmp_path: Path) -> None:
     got = problems(main)
     assert got[0].startswith(f"{main}:3: include[0]: cannot read included file {tmp_path}/nothere.yml (")
     assert got[1].startswith(
-        f"{main}:4: include[1]: cannot read included file {bundled_rules_dir()}/nothing.yml"
+        f"{main}:4: include[1]: cannot read included file {bundled_includes_dir()}/nothing.yml"
     )
 
 

@@ -2,7 +2,7 @@
 
 Every rule file passes `promtool check rules`; its unit tests under rules/tests/ pass with both `promtool test
 rules` and `vllm-watchdog test-rules`; every alert has a firing and a silent unit test, severity, summary,
-description and a runbook in docs/runbooks.md; the embedded defaults (which include rules/watchdog.yml) pass
+description and a runbook in docs/runbooks.md; the embedded defaults (which include watchdog/defaults/watchdog.yml) pass
 `vllm-watchdog check`.
 """
 
@@ -47,6 +47,14 @@ def test_rule_files_are_found() -> None:
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
 def test_promtool_accepts_the_bundled_rule_file(path: Path) -> None:
     out = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_accepts_every_yml_file_of_the_rules_directory() -> None:
+    """`promtool check rules rules/*.yml`, as a Prometheus glob would load them: rules/ holds rule files only."""
+    shipped = sorted(RULES.glob("*.yml"))
+    assert {p.name for p in RULE_FILES} <= {p.name for p in shipped}
+    out = subprocess.run([PROMTOOL, "check", "rules", *map(str, shipped)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
