@@ -19,7 +19,6 @@ from ..redact import Redactor
 from .addresses import http_url, parse_listen
 from .durations import parse_duration, parse_size
 from .files import UnreadableFileError, read_text, resolve_bundled
-from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, TlsConfig, parse_http_client
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
 from .targets import TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
@@ -57,8 +56,7 @@ class RemoteBackendConfig:
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 10.0
-    verify_tls: bool = True  # False is tls_config.insecure_skip_verify, which the client settings carry
-    http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials
+    verify_tls: bool = True
 
 
 @dataclass(frozen=True)
@@ -80,8 +78,7 @@ class Config:
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
     gateway: GatewayConfig | None = None  # None: no admission gateway
-    # Values substituted from the environment into secret fields or from secret-named variables, and the
-    # passwords and tokens read from credential files at load.
+    # Values substituted from the environment into secret fields or from secret-named variables.
     env_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -195,7 +192,7 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
         return None
     if "embedded" in m:
         return None
-    p = m["prometheus"].mapping({"url", "headers", "timeout", "verify_tls"} | HTTP_CLIENT_KEYS)
+    p = m["prometheus"].mapping({"url", "headers", "timeout", "verify_tls"})
     if p is None:
         return None
     if "url" not in p:
@@ -204,20 +201,13 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
     url = p["url"].parsed(http_url)
     timeout = _positive_duration(p, "timeout")
     verify = p["verify_tls"].boolean() if "verify_tls" in p else None
-    headers = (p["headers"].string_map() or {}) if "headers" in p else {}
-    http = parse_http_client(p, m["prometheus"], headers)
-    if verify is False and "tls_config" in p:
-        p["verify_tls"].error("set tls_config.insecure_skip_verify instead, next to the other TLS settings")
-    elif verify is False:
-        http = replace(http, tls=TlsConfig(insecure_skip_verify=True))
     if url is None:
         return None
     return RemoteBackendConfig(
         url=url,
-        headers=headers,
+        headers=(p["headers"].string_map() or {}) if "headers" in p else {},
         timeout=timeout or 10.0,
-        verify_tls=not http.tls.insecure_skip_verify,
-        http=http,
+        verify_tls=verify is not False,
     )
 
 
