@@ -123,7 +123,7 @@ def test_failing_check_imports_no_service(tmp_path: Path) -> None:
     bad = tmp_path / "watchdog.yml"
     bad.write_text("targets: nope\n")
     rc, _, modules = run_cli("check", "--config", str(bad))
-    assert rc == 1
+    assert rc == 3
     assert heavy(modules, NEVER) == []
 
 
@@ -138,7 +138,7 @@ def test_a_command_that_needs_more_is_seen_importing_it(tmp_path: Path) -> None:
     bad = tmp_path / "watchdog.yml"
     bad.write_text("targets: nope\n")
     rc, _, modules = run_cli("query", "--config", str(bad), "up")
-    assert rc == 1
+    assert rc == 3
     assert "vllm_watchdog.promql.remote" in heavy(modules, NEVER)
 
 

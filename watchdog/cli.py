@@ -1,4 +1,4 @@
-"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay and top."""
+"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay, top, reload and init."""
 
 # Each handler imports what only its sub-command uses: `--version`, `check` and `test-rules` (CI runs it once
 # per file) then start without the daemon, the gateway, an HTTP client or asyncio (tests/test_cli_imports.py).
@@ -15,13 +15,19 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, logs
 from .config.durations import parse_size
 from .errors import ConfigError
+from .exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from .redact import Redactor
 
 if TYPE_CHECKING:
     from .config.model import Config
     from .ruler.files import RuleGroup
 
-EXIT_OK, EXIT_INVALID, EXIT_DOWN = 0, 1, 2
+EXIT_HELP = """exit status (every command):
+  0  ok
+  1  ran and found problems: a target down, a rule test or a query failed
+  2  usage error: the command line is wrong
+  3  the config or a rule file is invalid (also a reload the daemon rejected)
+  4  the daemon's API, or every target or the rule_backend, could not be reached"""
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
 
 
@@ -33,12 +39,12 @@ def _print_problems(exc: ConfigError) -> None:
         print(f"{p.file}:{p.line}: {red.text(p.field)}: {red.text(p.message)}", file=sys.stderr)
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, tuple[RuleGroup, ...]] | None:
-    """Config and rules of --config, or None after printing every problem."""
+def _load(args: argparse.Namespace, path: str | None = None) -> tuple[Config, tuple[RuleGroup, ...]] | None:
+    """Config and rules of `path` (default --config), or None after printing every problem."""
     from .service.loading import load_all
 
     try:
-        return load_all(args.config, os.environ)
+        return load_all(path or args.config, os.environ)
     except ConfigError as exc:
         _print_problems(exc)
         return None
@@ -66,10 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         asyncio.run(daemon.run())
     except ConfigError as exc:
         _print_problems(exc)
-        return EXIT_INVALID
+        return EXIT_CONFIG
     except OSError as exc:
         print(f"vllm-watchdog: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -85,26 +91,37 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate config and rule files; print every problem as file:line: field: message."""
-    loaded = _load(args)
-    if loaded is None:
-        return EXIT_INVALID
-    config, rules = loaded
-    n_rules = sum(len(g.rules) for g in rules)
-    print(f"{config.source}: OK: {len(config.targets)} targets, {len(rules)} rule groups, {n_rules} rules")
-    for path in config.rule_files:
-        print(f"  {path}: OK")
-    return EXIT_OK
+    paths: list[str | None] = [*args.files, *([args.config] if args.config else [])] or [None]
+    status = EXIT_OK
+    for path in paths:  # each file on its own, every problem of each printed
+        loaded = _load(args, path)
+        if loaded is None:
+            status = EXIT_CONFIG
+            continue
+        config, rules = loaded
+        n_rules = sum(len(g.rules) for g in rules)
+        print(
+            f"{config.source}: OK: {len(config.targets)} targets, {len(rules)} rule groups, {n_rules} rules"
+        )
+        for rule_file in config.rule_files:
+            print(f"  {rule_file}: OK")
+    return status
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Scrape every target once, evaluate one expression, and print the result."""
-    from .commands.query import run_query
+    from .commands.query import parse_time, run_query
 
     logs.setup("error", fmt="text")
+    try:
+        at = None if args.time is None else parse_time(args.time)
+    except ValueError as exc:
+        print(f"vllm-watchdog query: --time: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     loaded = _load(args)
     if loaded is None:
-        return EXIT_INVALID
-    return EXIT_OK if run_query(loaded[0], args.expr, sys.stdout, sys.stderr) else EXIT_INVALID
+        return EXIT_CONFIG
+    return run_query(loaded[0], args.expr, sys.stdout, sys.stderr, at=at, output=args.output)
 
 
 def cmd_test_rules(args: argparse.Namespace) -> int:
@@ -122,10 +139,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     logs.setup("error", fmt="text")
     if args.audit and not args.plot:
         print("vllm-watchdog: --audit marks actions on the plot: give --plot too", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_USAGE
     loaded = _load(args)
     if loaded is None:
-        return EXIT_INVALID
+        return EXIT_CONFIG
     config, rules = loaded
     if not args.plot:
         return run_replay(config, rules, args.input, sys.stdout, start=args.start, end=args.end)
@@ -148,7 +165,7 @@ def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]
         render_png(timeline, args.plot, title=title)
     except (ScrapeLogError, PlotError) as exc:
         print(f"vllm-watchdog: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_FAILED
     print(f"plot: {args.plot}")
     return EXIT_OK
 
@@ -174,10 +191,10 @@ def cmd_targets(args: argparse.Namespace) -> int:
     logs.setup("error", fmt="text")
     loaded = _load(args)
     if loaded is None:
-        return EXIT_INVALID
+        return EXIT_CONFIG
     from .commands.targets import print_targets
 
-    return EXIT_OK if print_targets(loaded[0], sys.stdout) else EXIT_DOWN
+    return EXIT_OK if print_targets(loaded[0], sys.stdout) else EXIT_FAILED
 
 
 def _command(
@@ -199,7 +216,12 @@ def _command(
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
-    parser = argparse.ArgumentParser(prog="vllm-watchdog", description="Watch and remediate vLLM servers.")
+    parser = argparse.ArgumentParser(
+        prog="vllm-watchdog",
+        description="Watch and remediate vLLM servers.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"vllm-watchdog {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = _command(sub, "run", cmd_run, "run the daemon", "Run the watchdog daemon until SIGTERM.")
@@ -231,21 +253,22 @@ def build_parser() -> argparse.ArgumentParser:
         "attaches to it over its control socket.",
     )
     gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    _command(
+    check = _command(
         sub,
         "check",
         cmd_check,
         "validate config and rule files",
-        "Validate the config and every rule file it names. Exit 0 if valid, "
-        "else 1 with every problem as file:line: field: message.",
+        "Validate each config and every rule file it names (no file: the embedded defaults). Exit 0 if "
+        "valid, else 3 with every problem as file:line: field: message.",
     )
+    check.add_argument("files", nargs="*", metavar="FILE", help="config files (as --config, several allowed)")
     _command(
         sub,
         "targets",
         cmd_targets,
         "scrape every target once and print their state",
         "Scrape, health-probe and canary every target once and print a table. "
-        "Exit 0 if all are up, 2 if any is not, 1 on invalid config.",
+        "Exit 0 if all are up, 1 if any is not, 3 on an invalid config.",
     )
     query = _command(
         sub,
@@ -253,9 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_query,
         "evaluate a PromQL expression against live targets once",
         "Scrape every target once (or ask the configured rule_backend) and print the result "
-        "of one PromQL expression. Exit 0 on success, 1 on an invalid config or expression.",
+        "of one PromQL expression. Exit 0 on success, 1 on an invalid expression or a failed evaluation, "
+        "3 on an invalid config, 4 when no target (or the rule_backend) answers.",
     )
     query.add_argument("expr", help="PromQL expression, e.g. 'vllm:num_requests_waiting > 2'")
+    query.add_argument("--time", help="evaluation time, RFC 3339 or unix seconds (default: now)")
+    query.add_argument(
+        "--output", "-o", choices=["text", "json"], default="text", help="json: the API's `data` object"
+    )
     tests = _command(
         sub,
         "test-rules",
@@ -293,12 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
         "alerts, recent actions and open session breakers, read from a running watchdog's API and "
         "refreshed every --interval. vLLM values come from the watchdog's sample store: a family that no "
         "rule reads shows '-' unless global.keep_unreferenced is true. The token, if the API needs one, "
-        "comes from VLLM_WATCHDOG_TOKEN. Exit 0, or 2 if --once cannot read the API.",
+        "comes from VLLM_WATCHDOG_TOKEN. Not on a terminal it prints plain frames, without screen escapes. "
+        "Exit 0, or 4 if --once cannot read the API.",
         config=False,
     )
     top.add_argument("--url", default="http://127.0.0.1:9460", help="the watchdog's API (its `listen`)")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    top.add_argument("--once", action="store_true", help="print one frame and exit (2 if unreachable)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (4 if unreachable)")
     top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
     top.add_argument("--no-color", action="store_true", help="no ANSI colours (none when not a terminal)")
     return parser

@@ -153,7 +153,7 @@ def test_check_refuses_fifos_devices_and_proc_files_at_once(tmp_path: Path) -> N
     start = time.monotonic()
     out = check(cfg)
     assert time.monotonic() - start < 30
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 3, out.stderr
     assert out.stderr.splitlines() == [
         "/dev/zero:1: (file): cannot read: not a regular file but a character device",
         "/proc/self/environ:1: (file): cannot read: not a regular file but a kernel pseudo-file",
@@ -165,7 +165,7 @@ def test_check_refuses_fifos_devices_and_proc_files_at_once(tmp_path: Path) -> N
 def test_check_of_a_fifo_config_does_not_hang(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "c.yml")
     out = check(tmp_path / "c.yml")
-    assert out.returncode == 1
+    assert out.returncode == 3
     assert out.stderr == f"{tmp_path}/c.yml:1: (file): cannot read: not a regular file but a FIFO\n"
 
 
@@ -195,7 +195,7 @@ def test_check_masks_substituted_secrets_and_url_passwords(tmp_path: Path) -> No
     cfg = tmp_path / "c.yml"
     cfg.write_text(LEAKY)
     out = check(cfg, SECRET_ENV)
-    assert out.returncode == 1
+    assert out.returncode == 3
     for value in SECRET_ENV.values():
         assert value not in out.stderr + out.stdout
     lines = out.stderr.splitlines()
@@ -265,7 +265,7 @@ def test_check_masks_url_passwords_in_rule_file_problems(tmp_path: Path) -> None
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"rule_files: [{rules}]\n")
     out = check(cfg)
-    assert out.returncode == 1
+    assert out.returncode == 3
     assert "rule-file-pw-123" not in out.stderr
     assert (
         f"{rules}:1: groups[0].rules[0].record: invalid recording rule name: http://u:<redacted>@h"

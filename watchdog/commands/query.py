@@ -4,15 +4,21 @@ printed as Prometheus prints values."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
-from typing import TextIO
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config.model import Config
+from ..exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from ..promql.compile import compile_expr
 from ..promql.engine import Engine
 from ..promql.remote import backend_for
 from ..promql.values import Matrix, PromQLError, QueryError, Scalar, String, Value
+
+if TYPE_CHECKING:
+    from ..sources.monitor import Monitor
 
 
 def escape_label(value: str) -> str:
@@ -35,25 +41,97 @@ def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
     return f"{name}{{{rest}}}"
 
 
-def run_query(config: Config, expr: str, out: TextIO, err: TextIO) -> bool:
-    """Evaluate `expr` now and print the result to `out`; False after printing to `err` why it could not."""
+def parse_time(text: str) -> float:
+    """`--time`: unix seconds (`1700000000.5`) or RFC 3339 (`2026-11-26T01:00:00Z`; no zone is UTC)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is neither unix seconds nor RFC 3339 (2026-11-26T01:00:00Z)") from None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _scrape_problems(monitor: Monitor) -> tuple[list[str], bool]:
+    """One line per target whose scrape failed, and whether any target answered."""
+    problems = []
+    for name, rt in monitor.targets.items():
+        if not rt.scrape.status.up:
+            problems.append(f"vllm-watchdog: target {name}: scrape failed: {rt.scrape.status.last_error}")
+    return problems, len(problems) < len(monitor.targets)
+
+
+def _evaluate(config: Config, expr: str, at: float | None, err: TextIO) -> Value | int:
+    """The result, or the exit status after printing why there is none."""
+    if config.rule_backend is not None:
+        try:
+            return backend_for(config.rule_backend).query(expr, time.time() if at is None else at)
+        except QueryError as exc:
+            print(f"vllm-watchdog: query failed: {exc}", file=err)
+            # requests' errors are OSErrors: the server did not answer, the expression is not to blame
+            return EXIT_UNREACHABLE if isinstance(exc.__cause__, OSError) else EXIT_FAILED
+    from .targets import scrape_once  # noqa: PLC0415 (what the rule_backend answers scrapes nothing)
+
+    monitor = asyncio.run(scrape_once(config))
+    problems, any_up = _scrape_problems(monitor)
+    for line in problems:
+        print(line, file=err)
+    if not any_up:  # an empty result would only say that nothing was scraped
+        print("vllm-watchdog: no target could be scraped", file=err)
+        return EXIT_UNREACHABLE
+    engine = Engine(monitor.store, lookback=config.global_.lookback_delta)
+    try:
+        return engine.query(expr, time.time() if at is None else at)  # after the scrape: its samples count
+    except QueryError as exc:
+        print(f"vllm-watchdog: query failed: {exc}", file=err)
+        return EXIT_FAILED
+
+
+def run_query(
+    config: Config, expr: str, out: TextIO, err: TextIO, *, at: float | None = None, output: str = "text"
+) -> int:
+    """Evaluate `expr` at `at` (default now) and print the result to `out`; the exit status (exitcodes)."""
     try:
         compile_expr(expr)
     except PromQLError as exc:
         print(f"vllm-watchdog: invalid expression: {exc}", file=err)
-        return False
-    try:
-        if config.rule_backend is not None:
-            result: Value = backend_for(config.rule_backend).query(expr, time.time())
-        else:
-            from .targets import scrape_once  # noqa: PLC0415 (what the rule_backend answers scrapes nothing)
+        return EXIT_FAILED
+    result = _evaluate(config, expr, at, err)
+    if isinstance(result, int):
+        return result
+    if output == "json":
+        print(json.dumps(result_json(result)), file=out)
+    else:
+        print_text(result, out)
+    return EXIT_OK
 
-            monitor = asyncio.run(scrape_once(config))
-            engine = Engine(monitor.store, lookback=config.global_.lookback_delta)
-            result = engine.query(expr, time.time())  # after the scrape, so its samples are visible
-    except QueryError as exc:
-        print(f"vllm-watchdog: query failed: {exc}", file=err)
-        return False
+
+def result_json(result: Value) -> dict[str, Any]:
+    """The `data` object of Prometheus' /api/v1/query: resultType and result, values as strings."""
+    if isinstance(result, Scalar):
+        return {"resultType": "scalar", "result": [result.t_ms / 1000, _num(result.value)]}
+    if isinstance(result, String):
+        return {"resultType": "string", "result": [result.t_ms / 1000, result.value]}
+    if isinstance(result, Matrix):
+        series = [
+            {
+                "metric": dict(rs.labels),
+                "values": [[t / 1000, _num(v)] for t, v in zip(rs.ts, rs.vals, strict=True)],
+            }
+            for rs in result
+        ]
+        return {"resultType": "matrix", "result": series}
+    samples = [
+        {"metric": dict(s.labels), "value": [s.t_ms / 1000, _num(s.value)]}
+        for s in sorted(result, key=lambda s: s.labels)
+    ]
+    return {"resultType": "vector", "result": samples}
+
+
+def print_text(result: Value, out: TextIO) -> None:
+    """The result as promtool prints it: `name{labels} => value @[t]`."""
     if isinstance(result, (Scalar, String)):
         value = _num(result.value) if isinstance(result, Scalar) else result.value
         print(f"{value} @[{result.t_ms / 1000}]", file=out)
@@ -66,4 +144,3 @@ def run_query(config: Config, expr: str, out: TextIO, err: TextIO) -> bool:
             print(
                 f"{_format_labels(sample.labels)} => {_num(sample.value)} @[{sample.t_ms / 1000}]", file=out
             )
-    return True
