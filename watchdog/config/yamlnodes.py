@@ -30,6 +30,14 @@ def shown_key(key: str) -> bool:
     return _SHOWN_KEY.fullmatch(key) is not None
 
 
+def did_you_mean(key: str, allowed: set[str]) -> str:
+    """ "did you mean 'x'? " for a close match among `allowed` (difflib), else ""; `key` is a shown key."""
+    import difflib  # noqa: PLC0415 - only an unknown key needs it
+
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.7)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def shown_value(text: str) -> str:
     """A value quoted for a problem: its repr, clipped to a few dozen characters."""
     if len(text) <= _SHOWN_VALUE:
@@ -161,7 +169,8 @@ class Node:
             if allowed is not None and key not in allowed:
                 known = ", ".join(sorted(allowed))
                 if shown_key(key) or not key:  # an empty key is named `""`
-                    self.problems.add(knode, child.path, f"unknown key (allowed: {known})")
+                    hint = did_you_mean(key, allowed)
+                    self.problems.add(knode, child.path, f"unknown key ({hint}allowed: {known})")
                 else:
                     where = self.path or "(root)"
                     self.problems.add(knode, where, f"unknown field at line {line} (allowed: {known})")
