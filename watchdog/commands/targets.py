@@ -36,6 +36,15 @@ def _fmt_probe(ok: bool | None, latency: float) -> str:
     return f"{'ok' if ok else 'FAIL'} {latency * 1000:.0f}ms"
 
 
+def _errors(by_source: dict[str, str | None]) -> str:
+    """Each distinct error once, after the sources that saw it: `scrape, health: connection refused`."""
+    seen: dict[str, list[str]] = {}
+    for source, error in by_source.items():
+        if error:
+            seen.setdefault(error, []).append(source)
+    return "; ".join(f"{', '.join(sources)}: {error}" for error, sources in seen.items())
+
+
 def print_targets(config: Config, out: TextIO) -> bool:
     """Scrape every target once and print a table of their state; whether all of them are up."""
     monitor = asyncio.run(scrape_once(config))
@@ -44,7 +53,13 @@ def print_targets(config: Config, out: TextIO) -> bool:
     for rt in monitor.targets.values():
         st = rt.scrape.status
         canary = rt.canary.status if rt.canary else None
-        errors = [e for e in (st.last_error, rt.health.status.last_error, canary and canary.last_error) if e]
+        errors = _errors(
+            {
+                "scrape": st.last_error,
+                "health": rt.health.status.last_error,
+                "canary": canary and canary.last_error,
+            }
+        )
         all_up = all_up and st.up and bool(rt.health.status.ok) and (canary is None or bool(canary.ok))
         rows.append(
             (
@@ -55,7 +70,7 @@ def print_targets(config: Config, out: TextIO) -> bool:
                 f"{st.last_duration * 1000:.0f}ms",
                 _fmt_probe(rt.health.status.ok, rt.health.status.latency),
                 _fmt_probe(canary.ok, canary.latency) if canary else "off",
-                "; ".join(errors) or "-",
+                errors or "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
