@@ -61,6 +61,10 @@ class ScrapeError(WatchdogError):
         self.kind = kind
 
 
+# Every ScrapeError.kind: vllm_watchdog_scrape_errors_total has a series per source for each, from 0.
+SCRAPE_ERROR_KINDS = ("connection", "timeout", "status", "size", "encoding", "parse", "sample_limit")
+
+
 class SampleLimitError(ScrapeError):
     """A target exposed more series than its sample_limit allows."""
 

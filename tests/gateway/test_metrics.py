@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_watchdog.gateway.histogram import Histogram
 from vllm_watchdog.gateway.metrics import GatewayCollector, families
+from vllm_watchdog.gateway.replies import upstream_failure
 from vllm_watchdog.gateway.signals import SessionSignals
 from vllm_watchdog.gateway.snapshot import (
+    UPSTREAM_ERROR_KINDS,
     GateSnapshot,
     GatewaySnapshot,
     HistogramSnapshot,
@@ -103,6 +108,8 @@ def test_gate_and_proxy_series_exact() -> None:
         key("responses_total", code="502", **t): 1,
         key("upstream_errors_total", kind="connect", **t): 1,
         key("upstream_errors_total", kind="client_disconnect", **t): 2,
+        key("upstream_errors_total", kind="timeout", **t): 0,  # every kind from 0
+        key("upstream_errors_total", kind="protocol", **t): 0,
         key("body_too_large_total", **t): 2,
         key("client_timeouts_total", **t): 5,
         key("refused_total", reason="admin_path", **t): 3,
@@ -267,3 +274,14 @@ def test_from_live_signals() -> None:
     assert key("session_prefix_cache_hit_ratio", target="llama", session="a") not in got  # no cached reported
     assert got[key("session_context_growth_tokens", target="llama", session="a")] == 0
     assert got[key("sessions_tracked", target="llama")] == 3
+
+
+def test_every_upstream_failure_kind_is_exported_from_zero() -> None:
+    failures = (aiohttp.ConnectionTimeoutError(), aiohttp.ServerTimeoutError(), aiohttp.ClientPayloadError())
+    kinds = {upstream_failure(exc)[0] for exc in failures} | {"client_disconnect"}
+    assert kinds == set(UPSTREAM_ERROR_KINDS)
+    empty = replace(snapshot(), proxy=replace(snapshot().proxy, upstream_errors_total={}))
+    got = samples(render(empty))
+    assert {
+        kind: got[key("upstream_errors_total", kind=kind, target="llama")] for kind in kinds
+    } == dict.fromkeys(kinds, 0)

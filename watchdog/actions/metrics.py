@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .auditlog import OUTCOMES
 from .plane import ActionPlane
 
 
@@ -26,7 +27,9 @@ class ActionCollector(Collector):
             "Actions by outcome (succeeded, failed, rolled_back, skipped, would_do, refused).",
             labels=["action", "target", "outcome"],
         )
-        for (action, target, outcome), n in sorted(r.audit.counts.items()):
+        # Every configured action and target by every outcome from 0, so the first action is an increase.
+        known = {(a, t.name, o): 0 for a in p.config.actions for t in p.config.targets for o in OUTCOMES}
+        for (action, target, outcome), n in sorted((known | r.audit.counts).items()):
             total.add_metric([action, target, outcome], n)
         yield total
         budget = GaugeMetricFamily(

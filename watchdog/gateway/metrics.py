@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .snapshot import GatewaySnapshot, HistogramSnapshot, SessionStats
+from .snapshot import UPSTREAM_ERROR_KINDS, GatewaySnapshot, HistogramSnapshot, SessionStats
 
 _PREFIX = "vllm_watchdog_gateway_"
 
@@ -68,7 +68,7 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
             "Forwarding failures (connect, timeout, protocol, client_disconnect).",
             t,
             "kind",
-            p.upstream_errors_total,
+            dict.fromkeys(UPSTREAM_ERROR_KINDS, 0) | dict(p.upstream_errors_total),
             counter=True,
         ),
         _counter(

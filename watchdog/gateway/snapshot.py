@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# Every kind of upstream_errors_total (gateway/replies.py and the proxy's client_disconnect); each is exported
+# from 0, so that a panel or rule sees the first error as an increase.
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "client_disconnect")
+
 # Upper bounds (seconds) of the gateway's latency histograms; +Inf is implied.
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.001,

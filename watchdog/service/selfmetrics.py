@@ -12,9 +12,11 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..actions.plane import NOTIFY_DB
 from ..actions.state import ACTIONS_DB
+from ..errors import SCRAPE_ERROR_KINDS
 from ..fdlimits import FdReserve, open_fds, soft_limit
 from ..listener import Listener
 from ..ruler.evaluation import STATE_FILE, RuleEvaluation
+from ..ruler.groups import key_name
 from ..sources.enginestate import STATE_SERIES
 from ..sources.monitor import Monitor
 from ..statehealth import PROBE_FILE, StateHealth
@@ -138,7 +140,7 @@ class WatchdogCollector(Collector):
             st = s.status
             up.add_metric(key, 1 if st.up else 0)
             total.add_metric(key, st.scrapes)
-            for kind, n in sorted(st.errors_by_kind.items()):
+            for kind, n in sorted((dict.fromkeys(SCRAPE_ERROR_KINDS, 0) | st.errors_by_kind).items()):
                 errors.add_metric([*key, kind], n)
             duration.add_metric(key, st.last_duration)
             count.add_metric(key, st.samples)
@@ -229,9 +231,11 @@ def _evaluations(ev: RuleEvaluation) -> Iterator[Metric]:
         "How long the last evaluation of a group took.",
         labels=["rule_group"],
     )
-    for group, n in sorted(ev.stats.evaluations.items()):
+    groups = dict.fromkeys((key_name(k) for k in ev.manager.group_keys()), 0)  # every group from the start
+    for group, n in sorted((groups | ev.stats.evaluations).items()):
         total.add_metric([group], n)
-        duration.add_metric([group], ev.stats.last_duration.get(group, 0.0))
+    for group, seconds in sorted(ev.stats.last_duration.items()):
+        duration.add_metric([group], seconds)
     yield total
     yield duration
     failures = CounterMetricFamily(
@@ -239,7 +243,7 @@ def _evaluations(ev: RuleEvaluation) -> Iterator[Metric]:
         "Rule evaluations that failed (query error, limit exceeded), by group.",
         labels=["rule_group"],
     )
-    for group, n in sorted(ev.manager.failures().items()):
+    for group, n in sorted((groups | ev.manager.failures()).items()):
         failures.add_metric([group], n)
     yield failures
     remote = CounterMetricFamily(
