@@ -77,7 +77,7 @@ def test_two_gpus_names_units_labels_and_values() -> None:
         "modelName": "NVIDIA H200",
         "Hostname": "node-a",
     }
-    assert len(samples) == 2 * 12
+    assert len(samples) == 2 * 13  # 12 series and the reserved framebuffer
 
 
 def test_power_is_converted_from_milliwatts_to_watts() -> None:
@@ -112,6 +112,30 @@ def test_clock_reasons_fall_back_to_the_legacy_function() -> None:
     # The new name is tried once per GPU, then the old one is used directly.
     assert fake.count("nvmlDeviceGetCurrentClocksEventReasons") == 2
     assert fake.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 4
+
+
+def test_framebuffer_memory_keeps_the_drivers_reserved_part_apart() -> None:
+    # As nvidia-smi and dcgm-exporter count it: an idle H200 (driver 580) read 0 MiB used, 615 MiB reserved,
+    # 143,156 MiB free through nvidia-smi, where NVML's v1 call says 615 MiB used (scripts/gpu_check.py found it).
+    fake = FakeNvml(gpus=1)
+    gpu = fake.gpus[0]
+    gpu.fb_total_bytes, gpu.fb_used_bytes, gpu.fb_reserved_bytes = 143_771 * 2**20, 0, 615 * 2**20
+    samples = opened(fake).collect()
+    assert by_gpu(samples, "DCGM_FI_DEV_FB_USED") == {"0": 0.0}
+    assert by_gpu(samples, "DCGM_FI_DEV_FB_RESERVED") == {"0": 615.0}
+    assert by_gpu(samples, "DCGM_FI_DEV_FB_FREE") == {"0": 143_156.0}
+
+
+def test_framebuffer_memory_on_a_driver_without_the_v2_call() -> None:
+    fake = FakeNvml(gpus=1, legacy_driver=True)
+    fake.gpus[0].fb_used_bytes, fake.gpus[0].fb_reserved_bytes = 2 * GIB, 1 * GIB
+    source = opened(fake)
+    for _ in range(2):
+        samples = source.collect()
+        assert by_gpu(samples, "DCGM_FI_DEV_FB_USED") == {"0": 3 * 1024.0}  # reserved counted as used
+        assert by_gpu(samples, "DCGM_FI_DEV_FB_RESERVED") == {}
+    assert source.field_errors == 0
+    assert fake.count("nvmlDeviceGetMemoryInfo") == 3  # the v2 call once, then the v1 call
 
 
 def test_clock_reasons_use_the_new_function_when_present() -> None:

@@ -53,7 +53,8 @@ class FakeGpu:
     mem_clock_mhz: int = 2619
     clock_reasons: int = 0
     fb_total_bytes: int = 80 * GIB
-    fb_used_bytes: int = 1 * GIB
+    fb_used_bytes: int = 1 * GIB  # what programs hold: the v2 call's `used`
+    fb_reserved_bytes: int = 0  # the driver's own; the v1 call counts it as used (an idle H200: 615 MiB)
     xid_supported: bool = True  # False: registering XID events raises NotSupported
     lost: bool = False  # True: every call on this GPU raises NVMLError_GpuIsLost
 
@@ -96,10 +97,11 @@ class FakeNvml:
     NVML_FI_DEV_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
     NVML_VALUE_TYPE_UNSIGNED_INT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
     def __init__(self, gpus: int = 2, *, legacy_driver: bool = False) -> None:
         self.gpus = [FakeGpu(i, f"GPU-{i:08x}-0000-4000-8000-{i:012x}") for i in range(gpus)]
-        self.legacy_driver = legacy_driver  # True: no nvmlDeviceGetCurrentClocksEventReasons
+        self.legacy_driver = legacy_driver  # True: no ...CurrentClocksEventReasons, no ...MemoryInfo_v2
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.event_sets: list[FakeEventSet] = []
         self.refcount = 0  # nvmlInit minus nvmlShutdown, as NVML counts it
@@ -164,6 +166,11 @@ class FakeNvml:
         """Drop one initialisation; Uninitialized if there is none."""
         self._enter("nvmlShutdown")
         self.refcount -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        """The driver's version string."""
+        self._enter("nvmlSystemGetDriverVersion")
+        return "580.159.04"
 
     def nvmlDeviceGetCount(self) -> int:
         """Number of fake GPUs."""
@@ -243,10 +250,22 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(gpu=gpu.util_gpu, memory=gpu.util_memory)
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: Any = None) -> Any:
-        """Framebuffer total/free/used, bytes (a real c_nvmlMemory_t)."""
-        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
-        free = gpu.fb_total_bytes - gpu.fb_used_bytes
-        return pynvml.c_nvmlMemory_t(total=gpu.fb_total_bytes, free=free, used=gpu.fb_used_bytes)
+        """Framebuffer memory, bytes: a real c_nvmlMemory_t, or with `version` a c_nvmlMemory_v2_t (which
+        counts the driver's reserved memory apart; a legacy driver lacks that call)."""
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle, *([version] if version else []))
+        free = gpu.fb_total_bytes - gpu.fb_used_bytes - gpu.fb_reserved_bytes
+        if not version:
+            used = gpu.fb_used_bytes + gpu.fb_reserved_bytes
+            return pynvml.c_nvmlMemory_t(total=gpu.fb_total_bytes, free=free, used=used)
+        if self.legacy_driver:
+            raise pynvml.NVMLError_FunctionNotFound()
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version,
+            total=gpu.fb_total_bytes,
+            reserved=gpu.fb_reserved_bytes,
+            free=free,
+            used=gpu.fb_used_bytes,
+        )
 
     def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
         """Current clock, MHz."""

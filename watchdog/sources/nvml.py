@@ -208,6 +208,25 @@ class NvmlSource:
             return None
         return float(getattr(value.value, _VALUE_FIELDS[value.valueType]))
 
+    def _memory(self, gpu: _Gpu) -> Any:
+        """Framebuffer memory as dcgm-exporter and nvidia-smi count it.
+
+        The v2 call keeps the driver's reserved memory out of `used` (an idle H200 reads 0 MiB used and
+        615 MiB reserved; the v1 call says 615 used). Drivers before 510 lack it: then `used` includes the
+        reserved part.
+        """
+        nv = self._nvml
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None and "memory_v2" not in gpu.unsupported:
+            try:
+                return nv.nvmlDeviceGetMemoryInfo(gpu.handle, version)
+            except nv.NVMLError as exc:
+                if exc.value not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    self._refused(gpu, "memory", exc)
+                    return None
+                gpu.unsupported.add("memory_v2")  # an older driver: the v1 call from now on, not an error
+        return self._read(gpu, "memory", nv.nvmlDeviceGetMemoryInfo)
+
     def _clock_reasons(self, gpu: _Gpu) -> Any:
         nv = self._nvml
         current = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -257,10 +276,12 @@ class NvmlSource:
         if util is not None:
             emit("DCGM_FI_DEV_GPU_UTIL", util.gpu)
             emit("DCGM_FI_DEV_MEM_COPY_UTIL", util.memory)
-        mem = self._read(gpu, "memory", nv.nvmlDeviceGetMemoryInfo)
+        mem = self._memory(gpu)
         if mem is not None:  # NVML: bytes, DCGM: whole MiB
             emit("DCGM_FI_DEV_FB_USED", mem.used // _MIB)
             emit("DCGM_FI_DEV_FB_FREE", mem.free // _MIB)
+            reserved = getattr(mem, "reserved", None)  # the v2 call only
+            emit("DCGM_FI_DEV_FB_RESERVED", None if reserved is None else reserved // _MIB)
         sm_clock = self._read(gpu, "sm_clock", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
         emit("DCGM_FI_DEV_SM_CLOCK", sm_clock)
         emit("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", self._clock_reasons(gpu))
