@@ -1,7 +1,7 @@
 """The GPU dashboard, on dcgm-exporter's metric names: heat, power against the limit, load, throttling, XIDs.
 
-dcgm-exporter's default counters lack the power limit and the clock-event reasons; add
-DCGM_FI_DEV_POWER_MGMT_LIMIT and DCGM_FI_DEV_CLOCKS_EVENT_REASONS to its counters file (-f) for those panels.
+dcgm-exporter's default counters lack the power limit and the clock-event reasons: run it with
+deploy/dcgm-counters.csv (-f), as deploy/compose.yaml does. Thresholds are the bundled rules' (rulefiles.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from panels import (
     values,
     variable,
 )
+from rulefiles import threshold
 
 G = 'job=~"$job", instance=~"$instance", gpu=~"$gpu"'
 LEGEND = "{{instance}} gpu{{gpu}}"
+POWER_SHARE = f"DCGM_FI_DEV_POWER_USAGE{{{G}}} / DCGM_FI_DEV_POWER_MGMT_LIMIT{{{G}}}"
 # The clock-event (throttle) reason bitmask; DCGM 3.3 renamed the field, so both names are read.
 REASONS = f'{{__name__=~"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", {G}}}'
 REASON_BITS = (
@@ -33,6 +35,8 @@ REASON_BITS = (
     (64, "HW thermal"),
     (128, "HW power brake"),
 )
+HOT = threshold("VLLMGPUHot", "DCGM_FI_DEV_GPU_TEMP")
+CAPPED = threshold("VLLMGPUPowerCapped", "DCGM_FI_DEV_POWER_USAGE")
 XIDS = (
     "Last XID error per GPU (0: none). 48: double-bit ECC; 63/64: row remapping; 79: fell off the bus; "
     "94/95: contained/uncontained ECC; 13/31/43: application faults."
@@ -42,12 +46,17 @@ XIDS = (
 def _now(b: Board) -> None:
     b.row("Now")
     temp = [q(f"max(DCGM_FI_DEV_GPU_TEMP{{{G}}})")]
-    steps = thresholds((80, "yellow"), (87, "red"))
-    b.add(stat("Hottest GPU", "Highest GPU temperature.", temp, "celsius", thresholds=steps), 6, 4)
-    power = [q(f"max(DCGM_FI_DEV_POWER_USAGE{{{G}}} / DCGM_FI_DEV_POWER_MGMT_LIMIT{{{G}}})")]
-    steps = thresholds((0.9, "yellow"), (0.98, "red"))
-    desc = "Highest power draw as a share of the GPU's power limit."
-    b.add(stat("Closest to its power limit", desc, power, "percentunit", thresholds=steps), 6, 4)
+    desc = f"Highest GPU temperature; red from VLLMGPUHot's threshold ({HOT:g} °C)."
+    b.add(stat("Hottest GPU", desc, temp, "celsius", thresholds=thresholds((HOT, "red"))), 6, 4)
+    power = [q(f"max({POWER_SHARE})")]
+    desc = f"Highest power draw over the power limit; red from VLLMGPUPowerCapped's {CAPPED:.0%}."
+    b.add(
+        stat(
+            "Closest to its power limit", desc, power, "percentunit", thresholds=thresholds((CAPPED, "red"))
+        ),
+        6,
+        4,
+    )
     util = [q(f"avg(DCGM_FI_DEV_GPU_UTIL{{{G}}})")]
     b.add(stat("Mean utilization", "Mean GPU utilization.", util, "percent"), 6, 4)
     xid = [q(f"count(DCGM_FI_DEV_XID_ERRORS{{{G}}} > 0) or vector(0)")]
@@ -61,13 +70,17 @@ def _heat_power_load(b: Board) -> None:
         q(f"DCGM_FI_DEV_GPU_TEMP{{{G}}}", "GPU " + LEGEND),
         q(f"DCGM_FI_DEV_MEMORY_TEMP{{{G}}}", "memory " + LEGEND),
     ]
-    b.add(series("Temperature", "GPU and memory (HBM) temperature.", temps, "celsius"), 12)
+    desc = f"GPU and memory (HBM) temperature. Red line: VLLMGPUHot's threshold ({HOT:g} °C, on the GPU's)."
+    b.add(series("Temperature", desc, temps, "celsius", line=HOT), 8)
     watts = [
         q(f"DCGM_FI_DEV_POWER_USAGE{{{G}}}", "draw " + LEGEND),
         q(f"DCGM_FI_DEV_POWER_MGMT_LIMIT{{{G}}}", "limit " + LEGEND),
     ]
     desc = "Power draw and the power-management limit (dashed), which the gpu_power_limit action moves."
-    b.add(series("Power draw against the limit", desc, watts, "watt", overrides=[dashed("^limit .*")]), 12)
+    b.add(series("Power draw against the limit", desc, watts, "watt", overrides=[dashed("^limit .*")]), 8)
+    share = [q(POWER_SHARE, LEGEND)]
+    desc = f"Power draw over the power-management limit. Red line: VLLMGPUPowerCapped's {CAPPED:.0%}."
+    b.add(series("Share of the power limit", desc, share, "percentunit", min=0, line=CAPPED), 8)
     b.row("Load")
     busy = [
         q(f"DCGM_FI_DEV_GPU_UTIL{{{G}}}", "GPU " + LEGEND),

@@ -27,23 +27,26 @@ from panels import (
     values,
     variable,
 )
+from rulefiles import alert_regex, threshold
 
 W = 'job=~"$job", instance=~"$instance"'
 ACTIONS = f"vllm_watchdog_actions_total{{{W}}}"
 ORANGE_FROM_1 = thresholds((1, "orange"))
 OUTCOMES = "succeeded, failed, rolled_back, skipped, would_do, refused"
+BUNDLED = f'alertname=~"{alert_regex()}"'  # the alerts of the bundled rule files, nothing else
+RESPONSES = "vllm_watchdog_gateway_responses_total"
 
 
 def _now(b: Board) -> None:
     b.row("Now")
     for title, state in (("Firing alerts", "firing"), ("Pending alerts", "pending")):
-        count = [q(f'count(ALERTS{{{W}, alertstate="{state}"}}) or vector(0)')]
+        count = [q(f'count(ALERTS{{{BUNDLED}, alertstate="{state}"}}) or vector(0)')]
         b.add(
-            stat(title, f"Alerts of the watchdog's rules that are {state}.", count, thresholds=ORANGE_FROM_1),
+            stat(title, f"Alerts of the bundled rules that are {state}.", count, thresholds=ORANGE_FROM_1),
             4,
             4,
         )
-    total = [q(f"sum({ACTIONS})")]
+    total = [q(f"sum({ACTIONS}) or vector(0)")]
     b.add(
         stat(
             "Actions (since start)", "Actions run or refused since the watchdog started.", total, no_value="0"
@@ -76,18 +79,21 @@ def _now(b: Board) -> None:
 
 def _alerts_actions(b: Board) -> None:
     b.row("Alerts and actions")
-    firing, pending = (f'ALERTS{{alertstate="{s}"}}' for s in ("firing", "pending"))
+    firing, pending = (f'ALERTS{{{BUNDLED}, alertstate="{s}"}}' for s in ("firing", "pending"))
     states = [q(f"max by (alertname) ({firing} * 2 or {pending})", "{{alertname}}")]
     lanes = values((1, "pending", "yellow"), (2, "firing", "red"))
-    desc = "Pending and firing alerts: the watchdog's, and Prometheus' own where it evaluates the same rules."
+    desc = (
+        "Pending and firing alerts of the bundled rules: the watchdog's, and Prometheus' own where it "
+        "evaluates the same rules."
+    )
     b.add(timeline("Alert states", desc, states, lanes, no_value="no active alerts"), 14)
-    active = [q("ALERTS_FOR_STATE * 1000", table=True)]
+    active = [q(f"ALERTS_FOR_STATE{{{BUNDLED}}} * 1000", table=True)]
     hide = {"Time": True}
     organize = {
         "id": "organize",
         "options": {"excludeByName": hide, "renameByName": {"Value": "active since"}},
     }
-    desc = "Every pending or firing alert and when it became active."
+    desc = "Every pending or firing alert of the bundled rules and when it became active."
     b.add(table("Active alerts", desc, active, "dateTimeFromNow", organize), 10)
     taken = [q(f"sum by (action, outcome) ({actions_new(W, '$__rate_interval')})", "{{action}} {{outcome}}")]
     desc = f"Actions per interval by outcome ({OUTCOMES}); the annotations mark them too."
@@ -130,7 +136,9 @@ def _gateway(b: Board) -> None:
     desc = "Forwarded requests, the (throttled) cap, its configured ceiling and the gateway's queue."
     b.add(series("In flight against the cap", desc, cap, overrides=[dashed("^(cap|ceiling) .*")]), 8)
     wait = hist("vllm_watchdog_gateway_queue_time_seconds", W, "target, le")
-    b.add(series("Gateway queue time", "Arrival to admission at the gateway.", wait, "s"), 8)
+    slow = threshold("GatewayQueueBackedUp", "vllm_watchdog_gateway_queue_time_seconds_bucket")
+    desc = "Arrival to admission at the gateway. Red line: GatewayQueueBackedUp's threshold (on the p90)."
+    b.add(series("Gateway queue time", desc, wait, "s", line=slow), 8)
     ttfb = hist("vllm_watchdog_gateway_time_to_first_byte_seconds", W, "target, le")
     desc = "Admission to vLLM's first response byte, as the gateway sees it."
     b.add(series("Time to first byte", desc, ttfb, "s"), 8)
@@ -145,12 +153,25 @@ def _gateway(b: Board) -> None:
     )
     b.add(series("Responses/s and upstream errors", desc, codes, "reqps"), 8)
     oldest = [q(f"max by (target) (vllm_watchdog_gateway_oldest_in_flight_seconds{{{W}}})", "{{target}}")]
-    desc = "Age of the oldest forwarded request: a hung engine shows here while /health is still 200."
-    b.add(series("Oldest in-flight request", desc, oldest, "s"), 8)
+    stuck = threshold("GatewayRequestStuck", "vllm_watchdog_gateway_oldest_in_flight_seconds")
+    desc = (
+        "Age of the oldest forwarded request: a hung engine shows here while /health is still 200. "
+        "Red line: GatewayRequestStuck's threshold."
+    )
+    b.add(series("Oldest in-flight request", desc, oldest, "s", line=stuck), 8)
+    total = rate(RESPONSES, W, "target")
+    errors = rate(RESPONSES, W + ', code=~"5..", code!="503"', "target")
+    share = [q(f"({errors} or {total} * 0) / {total}", "{{target}}")]
+    bad = threshold("GatewayServerErrors", RESPONSES)
+    desc = (
+        "Share of the gateway's responses that were 5xx, 503 (its own drain answer) left out. "
+        "Red line: GatewayServerErrors' threshold."
+    )
+    b.add(series("Gateway 5xx ratio", desc, share, "percentunit", min=0, line=bad), 8)
     drain = [q(f"vllm_watchdog_gateway_draining{{{W}}}", "{{target}}")]
     lanes = values((0, "serving", "green"), (1, "draining", "orange"))
     desc = "Whether the gateway holds or rejects new requests for a drain."
-    b.add(timeline("Draining", desc, drain, lanes), 16)
+    b.add(timeline("Draining", desc, drain, lanes), 8)
 
 
 def _sessions(b: Board) -> None:

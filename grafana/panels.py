@@ -49,10 +49,10 @@ def ratio(num: str, den: str, sel: str, by: str) -> str:
     return f"{rate(num, sel, by)} / {rate(den, sel, by)}"
 
 
-def hist(metric: str, sel: str, by: str = "le") -> list[Json]:
-    """p50/p90/p99 of a Prometheus histogram over the rate interval."""
+def hist(metric: str, sel: str, by: str = "instance, le") -> list[Json]:
+    """p50/p90/p99 of a histogram over the rate interval, one line per value of `by` (besides le)."""
     buckets = rate(metric + "_bucket", sel, by)
-    prefix = "{{target}} " if "target" in by else ""
+    prefix = "".join(f"{{{{{label.strip()}}}}} " for label in by.split(",") if label.strip() != "le")
     return [q(f"histogram_quantile({p}, {buckets})", f"{prefix}p{round(p * 100)}") for p in (0.5, 0.9, 0.99)]
 
 
@@ -92,8 +92,15 @@ def panel(kind: str, title: str, desc: str, targets: list[Json], unit: str = "sh
 
 
 def series(title: str, desc: str, targets: list[Json], unit: str = "short", **extra: Any) -> Json:
-    """A time-series panel; bars=True draws bars (for counts per interval)."""
-    custom = {"drawStyle": "bars", "fillOpacity": 60} if extra.pop("bars", False) else {"fillOpacity": 10}
+    """A time-series panel; bars=True draws bars (for counts per interval); line=<value> draws a red threshold
+    line there (an alert's threshold, from rulefiles.threshold)."""
+    custom: Json = (
+        {"drawStyle": "bars", "fillOpacity": 60} if extra.pop("bars", False) else {"fillOpacity": 10}
+    )
+    line = extra.pop("line", None)
+    if line is not None:
+        custom["thresholdsStyle"] = {"mode": "line"}
+        extra["thresholds"] = thresholds((line, "red"))
     options = {
         "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
         "tooltip": {"mode": "multi", "sort": "desc"},
@@ -248,7 +255,14 @@ def dashboard(
         "timezone": "",
         "version": 1,
         "links": [
-            {"type": "dashboards", "tags": ["vllm-watchdog"], "asDropdown": True, "title": "vllm-watchdog"}
+            {
+                "type": "dashboards",
+                "tags": ["vllm-watchdog"],
+                "asDropdown": True,
+                "title": "vllm-watchdog",
+                "includeVars": True,  # the other dashboards open on the same job, instance and time range
+                "keepTime": True,
+            }
         ],
         "annotations": {"list": [builtin, *notes]},
         "templating": {"list": [DATASOURCE_VARIABLE, *variables]},
@@ -277,6 +291,21 @@ def table(title: str, desc: str, targets: list[Json], unit: str, organize: Json)
     """A table of instant query results, columns picked and renamed by an organize transformation."""
     options = {"showHeader": True}
     return panel("table", title, desc, targets, unit, transformations=[organize], options=options)
+
+
+def heatmap(title: str, desc: str, expr: str, unit: str) -> Json:
+    """A heatmap of a Prometheus histogram's bucket counts per interval (`expr` keeps `le`)."""
+    target = q(expr, "{{le}}") | {"format": "heatmap"}
+    options = {
+        "calculate": False,
+        "cellGap": 1,
+        "color": {"mode": "scheme", "scheme": "Oranges", "exponent": 0.5, "fill": "dark-orange", "steps": 64},
+        "yAxis": {"axisPlacement": "left", "unit": unit},
+        "rowsFrame": {"layout": "auto"},
+        "tooltip": {"mode": "single", "yHistogram": True},
+        "legend": {"show": True},
+    }
+    return panel("heatmap", title, desc, [target], unit, options=options)
 
 
 def bars(title: str, desc: str, targets: list[Json]) -> Json:
