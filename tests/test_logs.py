@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.clock import Clock
 from vllm_watchdog import logs
-from vllm_watchdog.logs import MAX_FIELD_CHARS, Recurring, bound
+from vllm_watchdog.logs import MAX_CHANGES, MAX_FIELD_CHARS, Recurring, bound, span
 
 HUGE = "a" * (4 << 20)  # the 4 MiB label name of the issue
 
@@ -87,23 +87,35 @@ def test_recurring_logs_once_per_change_and_a_summary_every_period(caplog: pytes
     log = logging.getLogger("vllm_watchdog.test.recurring")
     warnings = Recurring(log, every=300.0, clock=clock)
     caplog.set_level(logging.INFO, logger=log.name)
-    for _ in range(1200):  # 20 minutes of 1 s scrapes of a target that is down
-        warnings.failed(("scrape", "t"), "connection", "scrape failed", {"target": "t"})
+    for _ in range(1199):  # 20 minutes of 1 s scrapes of a target that is down
+        warnings.failed(("scrape", "t"), "connection", "scrape failed", {"target": "t", "error": "refused"})
         clock.advance(1.0)
-    got = [(r.getMessage(), getattr(r, "repeated", None)) for r in caplog.records]
-    assert got == [
-        ("scrape failed", None),
-        ("scrape failed (still)", 300),
-        ("scrape failed (still)", 300),
-        ("scrape failed (still)", 300),
-    ]
+    got = [r.getMessage() for r in caplog.records]
+    summary = "1 conditions hold: scrape failed (t: refused, {})"
+    assert got == ["scrape failed", *(summary.format(f"{m}m00s") for m in (5, 10, 15))]
     caplog.clear()
     warnings.failed(("scrape", "t"), "timeout", "scrape failed", {"target": "t"})  # another kind: a change
     warnings.failed(("scrape", "other"), "connection", "scrape failed", {"target": "other"})  # its own key
     warnings.recovered(("scrape", "t"), "scrape recovered", {"target": "t"})
     warnings.recovered(("scrape", "t"), "scrape recovered", {"target": "t"})  # was fine already: silent
     assert [(r.levelname, r.getMessage(), r.__dict__.get("target")) for r in caplog.records] == [
-        ("WARNING", "scrape failed", "t"),
+        ("WARNING", "scrape failed (changed)", "t"),
         ("WARNING", "scrape failed", "other"),
         ("INFO", "scrape recovered", "t"),
     ]
+    assert caplog.records[-1].__dict__["failing_for"] == "19m59s"
+
+
+def test_recurring_logs_a_state_seen_before_in_the_episode_once(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    log = logging.getLogger("vllm_watchdog.test.recurring")
+    warnings = Recurring(log, every=300.0, clock=clock)
+    caplog.set_level(logging.INFO, logger=log.name)
+    for i in range(100):  # an error that flips between texts: each text once, and at most MAX_CHANGES
+        warnings.failed("k", f"error {i % 3 if i < 50 else i}", "probe failed", {})
+    got = [r.getMessage() for r in caplog.records]
+    assert got == ["probe failed", *["probe failed (changed)"] * (MAX_CHANGES - 1)]
+
+
+def test_span_reads_as_an_operator_writes_it() -> None:
+    assert [span(s) for s in (0, 45, 312, 7380.5)] == ["0s", "45s", "5m12s", "2h03m"]

@@ -3,7 +3,8 @@
 Every line is bounded (`RedactFilter`): the message and each field are cut at `MAX_FIELD_CHARS` with a
 "…(N bytes)" marker, a traceback at `MAX_TRACEBACK_CHARS`, so a target that sends a 4 MiB label name cannot
 write megabytes per line. A warning that would repeat at every scrape goes through `Recurring`: logged when
-its condition starts or changes, summarised with a count every few minutes, and once when it clears.
+its condition starts or changes and once when it clears, with one summary of every condition that holds
+every few minutes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .redact import Redactor
@@ -152,55 +153,115 @@ def setup(level: str = "info", stream: TextIO | None = None, fmt: str = "auto") 
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "apscheduler", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A line per skipped or late run of a job (the schedule logs when that starts and stops, and counts it
+    # in vllm_watchdog_missed_deadlines_total).
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+
+
+MAX_CHANGES = 4  # "changed" lines per episode: an error that flips between a few texts is not news each time
+
+
+def span(seconds: float) -> str:
+    """A duration as an operator reads it: 45s, 5m12s, 2h03m."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 @dataclass
-class _Episode:
-    """One key's condition: what it is now, and what was logged about it."""
+class Episode:
+    """One key's condition while it holds: since when, what it is now, and what was already logged."""
 
     state: Hashable
     since: float
-    logged_at: float
-    repeats: int = 0  # occurrences since the last line about it
+    message: str
+    extra: dict[str, Any]  # the latest occurrence's fields (its error text, for the summary)
+    seen: set[Hashable] = field(default_factory=set)  # states logged in this episode
+    repeats: int = 0  # occurrences since the last summary
+
+
+Summary = Callable[[Mapping[Hashable, Episode], float], str]
+
+
+def default_summary(episodes: Mapping[Hashable, Episode], now: float) -> str:
+    """`2 conditions hold: scrape failed (dead: connection refused, 5m12s); ...`."""
+    parts = []
+    for ep in episodes.values():
+        who = ep.extra.get("target") or ep.extra.get("job") or ""
+        error = ep.extra.get("error") or ep.state
+        parts.append(f"{ep.message} ({who}: {error}, {span(now - ep.since)})")
+    return f"{len(parts)} conditions hold: " + "; ".join(parts)
 
 
 class Recurring:
-    """Logs a condition that recurs at every scrape or probe once when it starts or changes, then a summary
-    every `every` seconds while it lasts (how many times it recurred meanwhile), and once when it clears.
+    """Logs a condition that recurs at every scrape or probe on its transitions only: once when it starts
+    (with the error), once when its state changes to one not seen in this episode (at most `MAX_CHANGES`),
+    once when it clears (with how long it held); and while any condition holds, one summary line of all
+    of them every `every` seconds, never a line per occurrence.
 
-    `state` decides what counts as a change (an error's kind, say, not its text with a sample count in it);
-    `clock` is injected, so tests play hours of failures in milliseconds.
+    `state` decides what counts as a change (an error's kind or text, not a sample count); `summary` words
+    the periodic line; `clock` is injected, so tests play hours of failures in milliseconds.
     """
 
     def __init__(
-        self, logger: logging.Logger, every: float = 300.0, clock: Callable[[], float] = time.monotonic
+        self,
+        logger: logging.Logger,
+        every: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        summary: Summary = default_summary,
     ) -> None:
         self.logger = logger
         self.every = every
         self.clock = clock
-        self._episodes: dict[Hashable, _Episode] = {}
+        self.summary = summary
+        self._episodes: dict[Hashable, Episode] = {}
+        self._summarised = 0.0  # when the last summary was logged, or the first condition of a spell began
+
+    @property
+    def episodes(self) -> Mapping[Hashable, Episode]:
+        """The conditions that hold now."""
+        return self._episodes
 
     def failed(self, key: Hashable, state: Hashable, message: str, extra: Mapping[str, Any]) -> None:
         """The condition holds for `key` once more."""
         now = self.clock()
         ep = self._episodes.get(key)
-        if ep is None or ep.state != state:
-            self._episodes[key] = _Episode(state, now, now)
+        if ep is None:
+            if not self._episodes:
+                self._summarised = now
+            self._episodes[key] = Episode(state, now, message, dict(extra), {state})
             self.logger.warning(message, extra=dict(extra))
-            return
-        ep.repeats += 1
-        if now - ep.logged_at >= self.every:
-            summary = {"repeated": ep.repeats, "failing_for_seconds": round(now - ep.since, 1)}
-            self.logger.warning(f"{message} (still)", extra={**extra, **summary})
-            ep.logged_at, ep.repeats = now, 0
+        else:
+            ep.repeats += 1
+            previous, ep.extra, ep.message = ep.extra, dict(extra), message
+            if state != ep.state and state not in ep.seen and len(ep.seen) < MAX_CHANGES:
+                ep.seen.add(state)
+                was = {"was": previous.get("error", ep.state)}
+                self.logger.warning(f"{message} (changed)", extra={**extra, **was})
+            ep.state = state
+        if now - self._summarised >= self.every:
+            self._summarised = now
+            self.logger.warning(self.summary(self._episodes, now), extra={"summary": _summary_fields(self)})
 
     def recovered(self, key: Hashable, message: str, extra: Mapping[str, Any]) -> None:
         """The condition no longer holds for `key`: one line if it held until now, else nothing."""
         ep = self._episodes.pop(key, None)
         if ep is not None:
-            summary = {"failing_for_seconds": round(self.clock() - ep.since, 1)}
+            held = self.clock() - ep.since
+            summary = {"failing_for_seconds": round(held, 1), "failing_for": span(held)}
             self.logger.info(message, extra={**extra, **summary})
 
     def forget(self, key: Hashable) -> None:
         """Drop `key` silently (its source is gone)."""
         self._episodes.pop(key, None)
+
+
+def _summary_fields(rec: Recurring) -> list[dict[str, Any]]:
+    now = rec.clock()
+    return [
+        {**ep.extra, "message": ep.message, "failing_for_seconds": round(now - ep.since, 1)}
+        for ep in rec.episodes.values()
+    ]

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
+from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.ruler.files import parse_rule_file
 from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
@@ -47,11 +48,12 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
         await mon.probe_health("t", T0 + i)
         clock.advance(1.0)
     got = lines(caplog)
-    assert got.count(("scrape failed", None)) == 1
-    assert got.count(("probe failed", None)) == 1
-    assert got.count(("scrape failed (still)", 300)) == 3  # at 5, 10 and 15 minutes
-    assert got.count(("probe failed (still)", 300)) == 3
-    assert len(got) == 8
+    summary = "1 of 1 targets down: t (scrape: server returned HTTP status 503, {})"
+    assert got == [
+        ("scrape failed", None),
+        ("probe failed", None),
+        *((summary.format(f"{m}m00s"), None) for m in (5, 10, 15)),  # one line for both, not one each
+    ], got
     caplog.clear()
     fault.set("/metrics", "a 1\n")
     fault.set("/health", "")
@@ -59,6 +61,7 @@ async def test_a_target_down_for_15_minutes_logs_one_warning_and_summaries(
     await mon.probe_health("t", T0 + scrapes)
     await mon.scrape("t", T0 + scrapes + 1)
     assert lines(caplog) == [("scrape recovered", None), ("probe recovered", None)]
+    assert [r.__dict__["failing_for"] for r in caplog.records] == ["15m01s", "15m01s"]
     await mon.aclose()
 
 
@@ -74,8 +77,43 @@ async def test_a_new_kind_of_failure_is_logged_at_once(
     fault.set("/metrics", "this is { not valid\n")
     for i in range(3, 6):
         await mon.scrape("t", T0 + i)
-    kinds = [r.__dict__.get("kind") for r in caplog.records if r.getMessage() == "scrape failed"]
-    assert kinds == ["status", "parse"]
+    got = [(r.getMessage(), r.__dict__.get("kind")) for r in caplog.records]
+    assert got == [("scrape failed", "status"), ("scrape failed (changed)", "parse")]
+    assert caplog.records[1].__dict__["was"] == "server returned HTTP status 503"
+    await mon.aclose()
+
+
+async def test_60_refused_scrapes_log_one_warning_plus_the_summaries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
+    clock = Clock()
+    mon = monitor(f"http://127.0.0.1:{free_port()}", clock)  # nothing listens there: connection refused
+    for i in range(60):
+        await mon.scrape("t", T0 + 10 * i)
+        clock.advance(10.0)  # 60 scrapes over 10 minutes
+    got = [r.getMessage() for r in caplog.records]
+    assert got[0] == "scrape failed" and len(got) == 2, got
+    assert got[1].startswith("1 of 1 targets down: t (scrape: ConnectError: ") and got[1].endswith(", 5m00s)")
+    await mon.aclose()
+
+
+async def test_an_error_that_flips_between_texts_is_not_news_each_time(
+    fault: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vllm_watchdog.sources.monitor")
+    clock = Clock()
+    mon = monitor(fault.url, clock)
+    for i in range(30):
+        fault.set("/health", "x", status=(500, 502, 503)[i % 3])
+        await mon.probe_health("t", T0 + i)
+        clock.advance(1.0)
+    got = [(r.getMessage(), r.__dict__.get("error")) for r in caplog.records]
+    assert got == [
+        ("probe failed", "HTTP status 500"),
+        ("probe failed (changed)", "HTTP status 502"),
+        ("probe failed (changed)", "HTTP status 503"),
+    ]
     await mon.aclose()
 
 

@@ -18,6 +18,7 @@ from apscheduler.events import (
 )
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from ..logs import Recurring
 from .selfmetrics import DaemonCounters
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ class Schedule:
         self.scheduler.add_listener(self._on_submitted, EVENT_JOB_SUBMITTED)
         self.last_progress = monotonic()
         self._running: set[asyncio.Task[Any]] = set()
+        self._intervals: dict[str, float] = {}
+        # A job whose run outlasts its interval (a scrape of a hung target) skips a run at every tick: one
+        # line when that starts and one when it stops (APScheduler's own line per skip is silenced).
+        self.late = Recurring(log, clock=monotonic)
+        self._stopping = False
 
     @property
     def running(self) -> bool:
@@ -62,9 +68,11 @@ class Schedule:
         """Drop every job and add these, each first due at its stable offset from now."""
         self.scheduler.remove_all_jobs()
         now = self.clock()
+        self._intervals = {}
         for job_id, fn, interval in jobs:
+            self._intervals[job_id] = interval
             self.scheduler.add_job(
-                self._run(fn),
+                self._run(job_id, fn),
                 "interval",
                 seconds=interval,
                 id=job_id,
@@ -77,19 +85,26 @@ class Schedule:
                 next_run_time=_datetime(now + _offset(job_id, interval)),
             )
 
-    def _run(self, fn: Callable[[float], Awaitable[Any]]) -> Callable[[], Any]:
+    def _run(self, job_id: str, fn: Callable[[float], Awaitable[Any]]) -> Callable[[], Any]:
         async def run() -> None:
             task = asyncio.current_task()
             if task is not None:
                 self._running.add(task)
+            start = self.monotonic()
             try:
                 await fn(self.clock())
+            except asyncio.CancelledError:
+                if self._stopping:  # cancel_running at shutdown: expected, not a traceback in the log
+                    return
+                raise
             except Exception:  # a bug in one job must not stop the schedule
                 log.exception("job failed")
             finally:
                 if task is not None:
                     self._running.discard(task)
             self.last_progress = self.monotonic()
+            if self.last_progress - start < self._intervals.get(job_id, 0.0):
+                self.late.recovered(job_id, "job back on schedule", {"job": job_id})
 
         return run
 
@@ -99,10 +114,12 @@ class Schedule:
 
     def shutdown(self) -> None:
         """Run no more jobs; those in flight go on (see cancel_running)."""
+        self._stopping = True
         self.scheduler.shutdown(wait=False)
 
     async def cancel_running(self, grace: float) -> None:
         """Cancel the jobs in flight (scrapes, probes), and only those; wait at most `grace` seconds."""
+        self._stopping = True
         tasks = [t for t in self._running if not t.done()]
         for task in tasks:
             task.cancel()
@@ -111,6 +128,8 @@ class Schedule:
 
     def _on_missed(self, event: JobEvent) -> None:
         self.counters.missed(_job_kind(event.job_id))
+        message = "job skipped a run: its previous run outlasted its interval"
+        self.late.failed(event.job_id, "late", message, {"job": event.job_id})
 
     def _on_submitted(self, event: JobSubmissionEvent) -> None:
         # A coalesced run stands for several due times; each extra one is a missed deadline.

@@ -20,6 +20,7 @@ from ..scrapelog import ScrapeLog
 from ..store import SampleStore, make_labels
 from .enginestate import SLEEP_STATE, EngineStateProbe, asleep_in_store
 from .gpu import GpuCollector
+from .outages import outage_summary
 from .probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
 from .scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 # Kept whether or not a rule reads them (the engine_paused rail reads vllm:engine_sleep_state).
 ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", SLEEP_STATE})
 GC_SLACK = 30.0  # seconds of history kept beyond what rules need, so gc can run lazily
-SUMMARY_EVERY = 300.0  # seconds between summaries of a failure that goes on (one line per scrape otherwise)
+SUMMARY_EVERY = 300.0  # seconds between summaries while a target is down (one line per scrape otherwise)
 
 
 @dataclass
@@ -74,7 +75,9 @@ class Monitor:
         self.keep_all = keep_all
         self.recorder = recorder  # `run --record`: every scrape and probe, for `replay`
         # Failed scrapes and probes: a line when they start or change, then a summary every few minutes.
-        self.warnings = warnings or Recurring(log, SUMMARY_EVERY, monotonic)
+        self.warnings = warnings or Recurring(
+            log, SUMMARY_EVERY, monotonic, lambda eps, now: outage_summary(eps, now, self.targets)
+        )
         self.store = SampleStore(retention=0.0)
         self.gpu = gpu
         self.targets: dict[str, TargetRuntime] = {}
