@@ -8,13 +8,14 @@ WatchdogError
 ├── PromQLError          an expression cannot be parsed or uses an unsupported construct (has a position);
 │                        raised at load time (promql/compile.py), so rule files fail `check`, not at 3 a.m.
 ├── QueryError           evaluating a valid expression failed (many-to-many matching, duplicate label
-│                        sets, a remote backend down); the rule is marked unhealthy and its state kept
+│   │                    sets, a remote backend down); the rule is marked unhealthy and its state kept
+│   └── QueryTimeout     an API query ran past its deadline and was abandoned (503 "timeout")
 └── ActionError          an action could not be carried out (Docker API error, process would not start,
     │                    systemctl failed, not ready in time); recorded as a failed action, rails back off
     └── RefusedError     the action would touch something the config does not name (another container,
                          an unknown unit); refused and logged, nothing touched
 
-PromQLError and QueryError live in vllm_watchdog.promql.values next to the values they describe.
+PromQLError, QueryError and QueryTimeout live in vllm_watchdog.promql.values next to the values they describe.
 TemplateError (a ValueError, in vllm_watchdog.templates) is turned into a ConfigError at load time.
 UnreadableFileError (a ValueError, in vllm_watchdog.config.files) says why a config, include, rule or
 rule-test file was refused (not a regular file, too large, not UTF-8); the loaders turn it into a ConfigError.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Union
 
@@ -19,6 +20,10 @@ Mat = list[Window]
 Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
 
 
+def _no_tick() -> None:
+    pass
+
+
 @lru_cache(maxsize=1024)
 def _plan(text: str) -> Node:
     # Plans are immutable, and the selectors in them key the Selections kept across queries.
@@ -29,9 +34,16 @@ class Evaluator:
     """Evaluates plan nodes for one query (start/end are the query's, for `@ start()` / `@ end()`)."""
 
     def __init__(
-        self, selections: Selections, lookback_ms: int, default_step_ms: int, start_ms: int, end_ms: int
+        self,
+        selections: Selections,
+        lookback_ms: int,
+        default_step_ms: int,
+        start_ms: int,
+        end_ms: int,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self.selections = selections
+        self.tick = tick or _no_tick  # called at each step of a range query or subquery; raises to abandon it
         self.lookback_ms = lookback_ms
         self.default_step_ms = default_step_ms
         self.start_ms = start_ms
@@ -101,6 +113,7 @@ class Evaluator:
             first += step
         points: dict[Labels, tuple[list[int], list[float]]] = {}
         for ts in range(first, ref + 1, step):
+            self.tick()
             key = (id(node), ts)
             vec = self._subquery_points.get(key)
             if vec is None:
@@ -203,14 +216,14 @@ class Engine:
         self.default_step_ms = max(1, to_ms(default_step))
         self.selections = Selections(store)
 
-    def _evaluator(self, start_ms: int, end_ms: int) -> Evaluator:
-        return Evaluator(self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms)
+    def _evaluator(self, start_ms: int, end_ms: int, tick: Callable[[], None] | None) -> Evaluator:
+        return Evaluator(self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms, tick)
 
-    def query(self, expr: str, at: float) -> Value:
-        """Evaluate an instant query at unix seconds `at`."""
+    def query(self, expr: str, at: float, *, tick: Callable[[], None] | None = None) -> Value:
+        """Evaluate an instant query at unix seconds `at`; `tick` may raise to abandon a long subquery."""
         plan = _plan(expr)
         t = to_ms(at)
-        result = self._evaluator(t, t).eval(plan, t)
+        result = self._evaluator(t, t, tick).eval(plan, t)
         if isinstance(result, float):
             return Scalar(result, t)
         if isinstance(result, str):
@@ -219,8 +232,11 @@ class Engine:
             return Matrix(RangeSeries(w.labels, w.ts, w.vals) for w in result)  # type: ignore[union-attr]
         return Vector(Sample(labels, v, t) for labels, v in Evaluator.as_vector(result))
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> Matrix:
-        """Evaluate a range query: one instant evaluation per step from start to end inclusive."""
+    def query_range(
+        self, expr: str, start: float, end: float, step: float, *, tick: Callable[[], None] | None = None
+    ) -> Matrix:
+        """Evaluate a range query: one instant evaluation per step from start to end inclusive; `tick` is
+        called before each step and may raise to abandon the query."""
         plan = _plan(expr)
         if plan.kind not in ("vector", "scalar"):
             raise QueryError(
@@ -229,9 +245,10 @@ class Engine:
         start_ms, end_ms, step_ms = to_ms(start), to_ms(end), to_ms(step)
         if step_ms <= 0:
             raise QueryError("zero or negative query resolution step widths are not accepted")
-        ev = self._evaluator(start_ms, end_ms)
+        ev = self._evaluator(start_ms, end_ms, tick)
         series: dict[Labels, tuple[list[int], list[float]]] = {}
         for t in range(start_ms, end_ms + 1, step_ms):
+            ev.tick()
             result = ev.eval(plan, t)
             vec: Vec = [((), result)] if isinstance(result, float) else Evaluator.as_vector(result)
             for labels, v in vec:

@@ -23,6 +23,10 @@ class QueryError(WatchdogError):
     """Evaluating a valid expression failed (duplicate label sets, many-to-many matching, backend down)."""
 
 
+class QueryTimeout(QueryError):
+    """A query ran past its deadline and was abandoned."""
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One element of an instant vector; `t_ms` is the evaluation time in milliseconds."""
