@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import runshare
 from tests.support.faultserver import FaultServer
+from tests.support.tlsfiles import Pki, make_pki
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -91,6 +92,12 @@ def fault() -> Iterator[FaultServer]:
     server = FaultServer()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, server and client certificates signed by it, and a CA that signed none of them (openssl)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="session")

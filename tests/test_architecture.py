@@ -77,6 +77,10 @@ EXCEPTIONS: Mapping[tuple[str, str], str] = {
         "type only (under TYPE_CHECKING): config_secrets walks the Config for its secret fields; "
         "it could move to config/ with ConfigRedactors"
     ),
+    (f"{PACKAGE}.redact", f"{PACKAGE}.config.httpclient"): (
+        "type only (under TYPE_CHECKING): config_secrets reads the inline passwords and credentials of each "
+        "endpoint's HTTP client settings; it could move to config/ with ConfigRedactors"
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
+    from .config.httpclient import HttpClientConfig
     from .config.model import Config
 
 MASK = "<redacted>"
@@ -219,6 +220,12 @@ def _argv_values(args: Sequence[str]) -> list[str]:
     return out
 
 
+def _client_secrets(http: HttpClientConfig) -> list[str]:
+    """Inline basic-auth passwords and authorization credentials (those in files are in env_secrets)."""
+    basic, auth = http.basic_auth, http.authorization
+    return [v for v in (basic and basic.password, auth and auth.credentials) if v]
+
+
 def config_secrets(config: Config) -> tuple[str, ...]:
     """Every secret value the config holds, for `Redactor.of`."""
     values: list[str] = list(config.env_secrets)
@@ -227,13 +234,13 @@ def config_secrets(config: Config) -> tuple[str, ...]:
     for t in config.targets:
         if t.canary.api_key:
             values.append(t.canary.api_key)
-        values += _url_password(t.url)
+        values += _url_password(t.url) + _client_secrets(t.http)
         values += [v for k, v in t.env.items() if is_secret_name(k)]
         values += _argv_values(t.command)
     for n in config.notifiers:
-        values += _header_values(n.headers) + _url_password(n.url)
-    if config.rule_backend is not None:
-        values += _header_values(config.rule_backend.headers) + _url_password(config.rule_backend.url)
+        values += _header_values(n.headers) + _url_password(n.url) + _client_secrets(n.http)
+    if (b := config.rule_backend) is not None:
+        values += _header_values(b.headers) + _url_password(b.url) + _client_secrets(b.http)
     values += _url_password(config.gpus.dcgm_url)
     if config.gateway is not None:
         values += list(config.gateway.priority.api_keys)

@@ -53,7 +53,7 @@ class ActionPlaneOptions:
     clocks, how it reaches a gateway process, and the monitor's view of each engine."""
 
     engine: Callable[[], Engine]  # the current one: a reload replaces it
-    client_factory: Callable[[], httpx.AsyncClient]
+    client_factory: Callable[..., httpx.AsyncClient]  # (settings, tls) for endpoints with TLS settings
     nvml: Any | None = None
     docker_client: Callable[[], Any] = docker_from_env
     systemctl: tuple[str, ...] = ("systemctl",)
@@ -94,6 +94,7 @@ class ActionPlane:
             external_url=f"http://{config.listen_host}:{config.listen_port}",
             clock=clock,
             state_health=self.health,
+            tls_client=lambda tls: options.client_factory(None, tls),
         )
         self.hub.external_labels = config.global_.external_labels
         nvml = options.nvml
@@ -123,7 +124,7 @@ class ActionPlane:
             {k: v[1] for k, v in self.runtimes.items()},
             RemediatorOptions(
                 self.store,
-                ReadyCheck(self.client),
+                ReadyCheck(self.client, client_factory=options.client_factory),
                 hub=self.hub,
                 power=self.power,
                 gateway=self.gateway,

@@ -9,7 +9,10 @@ from dataclasses import replace
 
 import httpx
 
+from ..config.httpauth import ClientSettings, CredentialError
+from ..config.httpclient import HttpClientConfig
 from ..config.targets import TargetConfig
+from ..sources.monitor import client_for
 from ..sources.probes import CanaryProbe, HealthProbe
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -26,8 +29,10 @@ class ReadyCheck:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         poll: float = POLL,
+        client_factory: Callable[..., httpx.AsyncClient] = client_for,
     ) -> None:
-        self.client = client
+        self.client = client  # for targets without TLS settings or credentials
+        self.client_factory = client_factory  # (settings, tls): a client for one wait on a target with them
         self.monotonic = monotonic
         self.sleep = sleep
         self.poll = poll
@@ -38,11 +43,21 @@ class ReadyCheck:
         """(True, "") once ready; (False, the last reason) when `timeout` seconds pass first, or at once
         when `alive` says the server process or container has exited (no point waiting for it)."""
         deadline = self.monotonic() + timeout
-        health = HealthProbe(target.health_url, max(target.health_timeout, 2.0))
+        settings = ClientSettings(target.http) if target.http != HttpClientConfig() else None
+        health = HealthProbe(target.health_url, max(target.health_timeout, 2.0), settings=settings)
+        own = None
+        if settings is not None:
+            try:
+                tls = settings.ssl_context()
+            except CredentialError:
+                tls = None  # /health says why, at each try
+            own = self.client_factory(settings, tls)
         try:
-            return await self._wait(target, timeout, alive, health, deadline)
+            return await self._wait(target, timeout, alive, health, deadline, own or self.client)
         finally:
             await health.aclose()
+            if own is not None:
+                await own.aclose()
 
     async def _wait(
         self,
@@ -51,11 +66,12 @@ class ReadyCheck:
         alive: Callable[[], Awaitable[bool]] | None,
         health: HealthProbe,
         deadline: float,
+        client: httpx.AsyncClient,
     ) -> tuple[bool, str]:
         # The canary always runs here, even where the periodic canary is disabled: only a generated
         # token proves the engine is back, and the model may have changed across a relaunch.
         canary_cfg = replace(target.canary, enabled=True, timeout=max(target.canary.timeout, 10.0))
-        canary = CanaryProbe(target.url, canary_cfg, self.client)
+        canary = CanaryProbe(target.url, canary_cfg, client)
         reason = "not probed yet"
         while True:
             h = await health.probe(0.0)

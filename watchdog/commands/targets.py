@@ -6,15 +6,13 @@ import asyncio
 import time
 from typing import TextIO
 
-import httpx
-
 from ..config.model import Config
-from ..sources.monitor import Monitor
+from ..sources.monitor import Monitor, client_for
 
 
 async def scrape_once(config: Config) -> Monitor:
     """A monitor of the config's targets after one scrape, health probe and canary of each."""
-    monitor = Monitor(config, (), client_factory=lambda: httpx.AsyncClient(trust_env=False), keep_all=True)
+    monitor = Monitor(config, (), client_factory=client_for, keep_all=True)
     try:
         now = time.time()
         jobs = []
@@ -57,7 +55,7 @@ def print_targets(config: Config, out: TextIO) -> bool:
             {
                 "scrape": st.last_error,
                 "health": rt.health.status.last_error,
-                "canary": canary.last_error if canary else None,
+                "canary": canary and canary.last_error,
             }
         )
         all_up = all_up and st.up and bool(rt.health.status.ok) and (canary is None or bool(canary.ok))

@@ -19,6 +19,7 @@ from ..redact import Redactor
 from .addresses import http_url, parse_listen
 from .durations import parse_duration, parse_size
 from .files import UnreadableFileError, read_text, resolve_bundled
+from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, TlsConfig, parse_http_client
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
 from .targets import TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
@@ -56,7 +57,8 @@ class RemoteBackendConfig:
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 10.0
-    verify_tls: bool = True
+    verify_tls: bool = True  # False is tls_config.insecure_skip_verify, which the client settings carry
+    http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class Config:
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
     gateway: GatewayConfig | None = None  # None: no admission gateway
-    # Values substituted from the environment into secret fields or from secret-named variables.
+    # Values substituted from the environment into secret fields or from secret-named variables, and the
+    # passwords and tokens read from credential files at load.
     env_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -192,7 +195,7 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
         return None
     if "embedded" in m:
         return None
-    p = m["prometheus"].mapping({"url", "headers", "timeout", "verify_tls"})
+    p = m["prometheus"].mapping({"url", "headers", "timeout", "verify_tls"} | HTTP_CLIENT_KEYS)
     if p is None:
         return None
     if "url" not in p:
@@ -201,13 +204,20 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
     url = p["url"].parsed(http_url)
     timeout = _positive_duration(p, "timeout")
     verify = p["verify_tls"].boolean() if "verify_tls" in p else None
+    headers = (p["headers"].string_map() or {}) if "headers" in p else {}
+    http = parse_http_client(p, m["prometheus"], headers)
+    if verify is False and "tls_config" in p:
+        p["verify_tls"].error("set tls_config.insecure_skip_verify instead, next to the other TLS settings")
+    elif verify is False:
+        http = replace(http, tls=TlsConfig(insecure_skip_verify=True))
     if url is None:
         return None
     return RemoteBackendConfig(
         url=url,
-        headers=(p["headers"].string_map() or {}) if "headers" in p else {},
+        headers=headers,
         timeout=timeout or 10.0,
-        verify_tls=verify is not False,
+        verify_tls=not http.tls.insecure_skip_verify,
+        http=http,
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .addresses import http_url
 from .durations import parse_duration
+from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, parse_http_client
 from .yamlnodes import Node
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -43,6 +44,7 @@ class TargetConfig:
     env: Mapping[str, str] = field(default_factory=dict)  # process mode: extra environment
     unit: str | None = None  # systemd mode: restart only
     gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
+    http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials, every request
 
     @property
     def mode(self) -> str | None:
@@ -91,7 +93,7 @@ def parse_canary(node: Node) -> CanaryConfig:
 def parse_target(node: Node) -> TargetConfig | None:
     """One item of `targets:`; None when it is unusable (its problems are recorded)."""
     keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
-    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"})
+    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"} | HTTP_CLIENT_KEYS)
     if m is None:
         return None
     for required in ("name", "url"):
@@ -125,6 +127,7 @@ def parse_target(node: Node) -> TargetConfig | None:
     if "command" in m and not command:
         m["command"].error("must list the program and its arguments")
     gpus = [item.integer(minimum=0) for item in m["gpus"].items()] if "gpus" in m else []
+    http = parse_http_client(m, node, {})
     if name is None or url is None:
         return None
     return TargetConfig(
@@ -141,4 +144,5 @@ def parse_target(node: Node) -> TargetConfig | None:
         env=(m["env"].string_map() or {}) if "env" in m else {},
         unit=unit,
         gpus=tuple(g for g in gpus if g is not None),
+        http=http,
     )

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..config.durations import parse_duration
+from ..config.httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, parse_http_client
 from ..config.yamlnodes import Node
 from ..matchers import Matcher, parse_matchers
 
@@ -26,12 +27,13 @@ class NotifierConfig:
     max_queue: int = 10_000
     backoff_initial: float = 1.0
     backoff_max: float = 300.0
+    http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials
 
 
 def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> NotifierConfig | None:
     """One entry of `notifiers:`."""
     keys = {"type", "name", "url", "headers", "match", "match_re", "matchers", "timeout", "send_resolved"}
-    m = node.mapping(keys | {"max_queue", "backoff_initial", "backoff_max"})
+    m = node.mapping(keys | {"max_queue", "backoff_initial", "backoff_max"} | HTTP_CLIENT_KEYS)
     if m is None:
         return None
     kind = m["type"].string() if "type" in m else None
@@ -48,15 +50,18 @@ def parse_notifier(node: Node, index: int, http_url: Callable[[str], str]) -> No
         durations[key] = (m[key].parsed(parse_duration) if key in m else None) or getattr(d, key)
     resolved = m["send_resolved"].boolean() if "send_resolved" in m else None
     queue = m["max_queue"].integer(minimum=1) if "max_queue" in m else None
+    headers = (m["headers"].string_map() or {}) if "headers" in m else {}
+    http = parse_http_client(m, node, headers)
     if kind is None or not isinstance(url, str):
         return None
     return NotifierConfig(
         name=(m["name"].string() if "name" in m else None) or f"{kind}-{index}",
         type=kind,
         url=url,
-        headers=(m["headers"].string_map() or {}) if "headers" in m else {},
+        headers=headers,
         matchers=parse_matchers(m),
         send_resolved=d.send_resolved if resolved is None else resolved,
         max_queue=queue or d.max_queue,
+        http=http,
         **durations,
     )

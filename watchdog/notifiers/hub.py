@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,12 +19,13 @@ from typing import Any
 
 import httpx
 
+from ..config.httpauth import ClientSettings, CredentialError
 from ..matchers import matches_all
 from ..statehealth import StateHealth
 from .alert import OutgoingAlert
 from .alertmanager import alert_identity, alerts_body, api_url
 from .config import NotifierConfig
-from .delivery import MAX_BATCH, backoff, decode_alert, decode_event, encode_alert, post
+from .delivery import MAX_BATCH, Outcome, backoff, decode_alert, decode_event, encode_alert, post
 from .queue import DeliveryQueue, Item, NewItem
 from .webhook import alerts_payload, event_payload
 
@@ -96,10 +98,22 @@ class _Channel:
     last_error_at: float | None = None
     last_success: float | None = None
     busy: bool = False
+    settings: ClientSettings | None = None  # TLS and credentials, made from config.http when first used
+    client: httpx.AsyncClient | None = None  # its own client, where it has TLS settings
+    client_tls: ssl.SSLContext | None = None  # the context that client was built with
 
     @property
     def is_alertmanager(self) -> bool:
         return self.config.type == "alertmanager"
+
+    def credentials(self) -> ClientSettings:
+        if self.settings is None or self.settings.config != self.config.http:
+            self.settings = ClientSettings(self.config.http)
+        return self.settings
+
+
+def _tls_client(tls: ssl.SSLContext) -> httpx.AsyncClient:
+    return httpx.AsyncClient(verify=tls, trust_env=False)
 
 
 class NotificationHub:
@@ -114,9 +128,12 @@ class NotificationHub:
         external_url: str = "",
         clock: Callable[[], float] = time.time,
         state_health: StateHealth | None = None,
+        tls_client: Callable[[ssl.SSLContext], httpx.AsyncClient] = _tls_client,
     ) -> None:
         self._queue = DeliveryQueue(db_path, health=state_health)  # falls back to memory if it cannot write
-        self._client = client
+        self._client = client  # shared by the notifiers without TLS settings of their own
+        self._tls_client = tls_client  # a client of its own for each notifier with TLS settings
+        self._old_clients: list[httpx.AsyncClient] = []
         self._external_url = external_url
         self._clock = clock  # stamps answers (last_success, last_error_at) when they arrive
         self._channels: dict[str, _Channel] = {}
@@ -168,6 +185,9 @@ class NotificationHub:
 
         Backoff deadlines are in the wall-clock time `now` comes in; a clock set back never stretches a wait
         beyond the backoff that set it (a clock set forward only retries early)."""
+        old, self._old_clients = self._old_clients, []
+        for client in old:  # replaced after a TLS file changed, or their notifier was removed
+            await client.aclose()
         try:
             up_to = self._queue.last_id()
         except Exception as exc:
@@ -237,7 +257,12 @@ class NotificationHub:
         """Post one batch; True if the notifier may go on with the next one."""
         cfg = ch.config
         url = api_url(cfg.url) if ch.is_alertmanager else cfg.url
-        outcome = await post(self._client, url, payload, cfg.headers, cfg.timeout, now)
+        try:
+            client, headers = self._client_of(ch)
+        except CredentialError as exc:  # a file that cannot be read now may be readable at the next try
+            outcome = Outcome(ok=False, error=str(exc))
+        else:
+            outcome = await post(client, url, payload, headers, cfg.timeout, now)
         if outcome.ok:
             self._queue.remove(i.id for i in batch)
             ch.sent += len(batch)
@@ -266,6 +291,23 @@ class NotificationHub:
         )
         return False
 
+    def _client_of(self, ch: _Channel) -> tuple[httpx.AsyncClient, Mapping[str, str]]:
+        """The client and headers of the notifier's next request: credentials read now, a client of its own
+        built again when a TLS file changed."""
+        settings = ch.credentials()
+        headers = ch.config.headers
+        value = settings.authorization()
+        if value is not None:
+            headers = {**headers, "Authorization": value}
+        tls = settings.ssl_context()
+        if tls is None:
+            return self._client, headers
+        if ch.client is None or tls is not ch.client_tls:
+            if ch.client is not None:
+                self._old_clients.append(ch.client)
+            ch.client, ch.client_tls = self._tls_client(tls), tls
+        return ch.client, headers
+
     def _fail(self, ch: _Channel, batch: list[Item], error: str) -> None:
         self._queue.remove(i.id for i in batch)
         ch.failed += len(batch)
@@ -281,6 +323,8 @@ class NotificationHub:
         for name, ch in list(self._channels.items()):
             cfg = wanted.get(name)
             if cfg is None or cfg.type != ch.config.type:
+                if ch.client is not None:
+                    self._old_clients.append(ch.client)
                 del self._channels[name]
                 n = self._queue.purge(name)
                 log.info("notifier removed, dropped its queue", extra={"notifier": name, "items": n})
@@ -322,8 +366,13 @@ class NotificationHub:
         return min(times, default=None)
 
     async def aclose(self) -> None:
-        """Close the queue database; queued items stay in its file. The HTTP client is the caller's."""
+        """Close the queue database (queued items stay in its file) and the clients of notifiers with TLS
+        settings; the shared HTTP client is the caller's."""
         self._queue.close()
+        clients = self._old_clients + [ch.client for ch in self._channels.values() if ch.client is not None]
+        self._old_clients = []
+        for client in clients:
+            await client.aclose()
 
 
 def _leading(items: list[Item], kind: str) -> list[Item]:

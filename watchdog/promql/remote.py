@@ -8,8 +8,10 @@ through `asyncio.to_thread`, never on the event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import ssl
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -18,8 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from ..config.httpauth import ClientSettings, CredentialError, sign
 from ..config.model import RemoteBackendConfig
 from ..store import Labels
 from .values import QueryError, Sample, Vector, to_ms
@@ -37,6 +41,19 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+class _TlsAdapter(HTTPAdapter):
+    """Connections made with one SSLContext: the tls_config (CA, client certificate, server name)."""
+
+    def __init__(self, context: ssl.SSLContext, retry: Retry) -> None:
+        self.context = context
+        super().__init__(max_retries=retry)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """The pool manager, with our context for every https pool."""
+        kwargs["ssl_context"] = self.context
+        super().init_poolmanager(*args, **kwargs)
+
+
 class PrometheusBackend:
     """A QueryFunc for a Prometheus-compatible server; every failure is a QueryError naming the server.
 
@@ -52,6 +69,7 @@ class PrometheusBackend:
         timeout: float = 10.0,
         verify_tls: bool = True,
         session: requests.Session | None = None,
+        settings: ClientSettings | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.name = redact_url(self.url)
@@ -68,6 +86,24 @@ class PrometheusBackend:
         self.client = PrometheusConnect(
             url=self.url, headers=dict(headers or {}), retry=retry, session=self.session, timeout=timeout
         )
+        self.settings = settings
+        self._retry = retry
+        self._tls: ssl.SSLContext | None = None  # the context mounted for self.url
+        self._tls_lock = threading.Lock()
+        if settings is not None and settings.config.authenticates:
+            self.session.auth = functools.partial(sign, settings)  # credentials read at each request
+        if settings is not None and settings.config.tls.insecure_skip_verify:
+            self.session.verify = False
+
+    def _mount_tls(self) -> None:
+        """Mount an adapter with the tls_config's context, again when a TLS file changed."""
+        if self.settings is None or not self.settings.custom_tls:
+            return
+        with self._tls_lock:
+            context = self.settings.ssl_context()
+            if context is not self._tls:
+                self.session.mount(self.url, _TlsAdapter(context, self._retry))  # type: ignore[arg-type]
+                self._tls = context
 
     def _capture(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         self._local.response = response  # the library keeps the status and error body to itself
@@ -77,7 +113,10 @@ class PrometheusBackend:
         self._local.response = None
         params = {"time": f"{at:.3f}", "timeout": f"{self.timeout:g}"}
         try:
+            self._mount_tls()
             self.client.custom_query(expr, params=params)
+        except CredentialError as exc:  # a TLS or credentials file that cannot be used (names no secret)
+            raise QueryError(f"{self.name}: {exc}") from None
         except requests.Timeout as exc:
             raise QueryError(f"{self.name}: query timed out after {self.timeout:g}s") from exc
         except requests.RequestException as exc:
@@ -171,5 +210,9 @@ def _reason(exc: BaseException) -> str:
 def backend_for(cfg: RemoteBackendConfig) -> PrometheusBackend:
     """The backend a config's `rule_backend.prometheus` block describes."""
     return PrometheusBackend(
-        cfg.url, headers=dict(cfg.headers), timeout=cfg.timeout, verify_tls=cfg.verify_tls
+        cfg.url,
+        headers=dict(cfg.headers),
+        timeout=cfg.timeout,
+        verify_tls=cfg.verify_tls,
+        settings=ClientSettings(cfg.http),
     )

@@ -24,6 +24,7 @@ from ..actions.metrics import ActionCollector
 from ..actions.plane import ActionPlane, ActionPlaneOptions, docker_from_env
 from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
+from ..config.httpauth import ClientSettings
 from ..config.model import Config
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
@@ -39,13 +40,12 @@ from ..ruler.files import RuleGroup
 from ..scrapelog import ScrapeLog
 from ..sdnotify import Notifier
 from ..sources.gpu import GpuCollector
-from ..sources.monitor import Monitor
+from ..sources.monitor import Monitor, client_for
 from ..sources.nvml import NvmlSource
 from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
 from .loading import load_all
 from .schedule import Job, Schedule
-from .sdstatus import daemon_status
 from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, WatchdogCollector
 
 log = logging.getLogger(__name__)
@@ -192,8 +192,6 @@ class Daemon:
             jobs.append(("scrapelog", self._flush_log, 1.0))
         if self.notifier.watchdog_interval is not None:
             jobs.append(("systemd-watchdog", self._ping, self.notifier.watchdog_interval))
-        if self.notifier.enabled:
-            jobs.append(("systemd-status", self._status, 1.0))
         self.schedule.replace(jobs)
 
     async def _scrape(self, name: str, now: float) -> None:
@@ -224,10 +222,6 @@ class Daemon:
         if self.healthy():
             self.notifier.ping()
 
-    async def _status(self, now: float) -> None:
-        """`systemctl status` shows targets up, alerts firing and actions running; sent when it changes."""
-        self.notifier.status(daemon_status(self.monitor, self.evaluation, self.actions))
-
     def healthy(self) -> bool:
         """The scheduler runs and some job finished recently."""
         if not self.schedule.running:
@@ -237,16 +231,7 @@ class Daemon:
 
     # -- config -----------------------------------------------------------------------------
     async def reload(self) -> tuple[bool, list[str]]:
-        """Load config and rules again; on any error keep the old ones and report every problem. systemd
-        hears RELOADING=1 before and READY=1 after, whatever the outcome (`vllm-watchdog reload` reports it).
-        """
-        self.notifier.reloading()
-        try:
-            return await self._reload()
-        finally:
-            self.notifier.ready()
-
-    async def _reload(self) -> tuple[bool, list[str]]:
+        """Load config and rules again; on any error keep the old ones and report every problem."""
         try:
             config, rules = load_all(self.options.config_path, self.options.env)
         except ConfigError as exc:
@@ -348,12 +333,13 @@ class Daemon:
                 extra={"seconds": round(skew, 3), "samples_dropped": dropped},
             )
 
-    def _new_client(self) -> httpx.AsyncClient:
-        """An HTTP client for one target; trust_env=False keeps proxies from redirecting traffic."""
+    def _new_client(
+        self, settings: ClientSettings | None = None, tls: ssl.SSLContext | None = None
+    ) -> httpx.AsyncClient:
+        """An HTTP client for one target or notifier, with its TLS context and credentials where it has them;
+        trust_env=False keeps proxies from redirecting traffic."""
         limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
-        return httpx.AsyncClient(
-            transport=self.options.transport, limits=limits, trust_env=False, verify=self._tls
-        )
+        return client_for(settings, tls, transport=self.options.transport, limits=limits, verify=self._tls)
 
     def _nvml_module(self) -> Any | None:
         """The NVML module for gpu_power_limit: the injected one (tests), else pynvml if installed."""

@@ -87,6 +87,8 @@ class EngineStateProbe:
             return self._unanswered(ep, f"timeout after {self.timeout:g}s")
         except httpx.HTTPError as exc:
             return self._unanswered(ep, f"{type(exc).__name__}: {exc}")
+        except ValueError as exc:  # the target's credentials file cannot be read (a CredentialError)
+            return self._unanswered(ep, str(exc))
         if resp.status_code in (404, 405):  # no dev mode (405: a proxy that knows the path for POST only)
             ep.forget()
             ep.available, ep.last_error = False, f"HTTP status {resp.status_code}: not available"

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..config.httpauth import ClientSettings, CredentialError
 from ..errors import ScrapeError
 
 HEADER_LIMIT = 64 * 1024  # the whole status line and header block; Go's http.DefaultMaxHeaderBytes is 1 MiB
@@ -38,7 +39,10 @@ class _Closed(Exception):
 
 
 class HttpGet:
-    """GETs of one URL over one kept-alive connection; `aclose` closes it."""
+    """GETs of one URL over one kept-alive connection; `aclose` closes it.
+
+    `settings` (the target's TLS and credentials) are asked for the Authorization header before each request
+    and for the SSLContext when a connection opens; without them a request costs nothing extra."""
 
     def __init__(
         self,
@@ -47,20 +51,29 @@ class HttpGet:
         body_size_limit: int,
         ssl_context: ssl.SSLContext | None = None,
         connect: Connector = asyncio.open_connection,
+        settings: ClientSettings | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        https = parts.scheme == "https"
+        # The settings' own context, if any, is asked for at each connect (a TLS file may change).
+        self._own_tls = https and settings is not None and settings.custom_tls
+        self.ssl = (ssl_context or ssl.create_default_context()) if https and not self._own_tls else None
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = f"[{self.host}]" if ":" in self.host else self.host
         default_port = 443 if parts.scheme == "https" else 80
         authority = host if self.port == default_port else f"{host}:{self.port}"
         lines = [f"GET {path} HTTP/1.1", f"Host: {authority}"]
         lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() != "host"]
-        self._request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self._lines = lines
+        self._request = _encode(lines)
+        # Settings that change nothing for this URL (no credentials, and plain http) cost nothing per request.
+        used = settings is not None and (settings.config.authenticates or self._own_tls)
+        self._settings = settings if used else None
+        self._authorization: str | None = None  # the header value in self._request
         self.body_size_limit = body_size_limit
         self._connect = connect
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -83,7 +96,22 @@ class HttpGet:
             await self.aclose()
             raise
 
+    def _authorize(self, settings: ClientSettings) -> None:
+        """Put the current Authorization header into the request bytes, re-encoded only when it changed."""
+        try:
+            value = settings.authorization()
+        except CredentialError as exc:
+            raise ScrapeError(f"no credentials: {exc}") from None
+        if value != self._authorization:
+            extra = [] if value is None else [f"Authorization: {value}"]
+            try:
+                self._request, self._authorization = _encode(self._lines + extra), value
+            except UnicodeEncodeError:
+                raise ScrapeError("no credentials: they must be Latin-1 text to go in a header") from None
+
     async def _exchange(self) -> Response:
+        if self._settings is not None:
+            self._authorize(self._settings)
         reader, writer = await self._connection()
         try:
             writer.write(self._request)
@@ -95,6 +123,10 @@ class HttpGet:
             raise _Closed from exc
         except asyncio.LimitOverrunError as exc:
             raise ScrapeError(f"RemoteProtocolError: response header over {HEADER_LIMIT} bytes") from exc
+        except (
+            ssl.SSLError
+        ) as exc:  # e.g. a server that wants a client certificate says so after the handshake
+            raise ScrapeError(f"RemoteProtocolError: TLS: {_tls_reason(exc)}") from exc
         status, headers, keep = _parse_head(head)
         body = await self._body(reader, headers)
         if not keep:
@@ -103,9 +135,21 @@ class HttpGet:
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._conn is None:
+            tls = self.ssl
+            if self._own_tls and self._settings is not None:
+                try:
+                    tls = self._settings.ssl_context()
+                except CredentialError as exc:
+                    raise ScrapeError(f"ConnectError: TLS settings: {exc}") from None
             try:
-                self._conn = await self._connect(self.host, self.port, ssl=self.ssl, limit=HEADER_LIMIT)
-            except (OSError, ssl.SSLError) as exc:
+                self._conn = await self._connect(self.host, self.port, ssl=tls, limit=HEADER_LIMIT)
+            except ssl.SSLCertVerificationError as exc:
+                raise ScrapeError(
+                    f"ConnectError: TLS certificate verification failed: {exc.verify_message}"
+                ) from exc
+            except ssl.SSLError as exc:
+                raise ScrapeError(f"ConnectError: TLS: {_tls_reason(exc)}") from exc
+            except OSError as exc:
                 raise ScrapeError(f"ConnectError: {exc}") from exc
         return self._conn
 
@@ -129,6 +173,8 @@ class HttpGet:
             ) from exc
         except asyncio.LimitOverrunError as exc:
             raise ScrapeError(f"RemoteProtocolError: chunk header over {HEADER_LIMIT} bytes") from exc
+        except ssl.SSLError as exc:
+            raise ScrapeError(f"RemoteProtocolError: TLS: {_tls_reason(exc)}") from exc
 
     @property
     def connected(self) -> bool:
@@ -140,6 +186,15 @@ class HttpGet:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn[1].close()
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason in words (`tlsv13 alert certificate required`), else the whole message."""
+    return str(exc.reason).lower().replace("_", " ") if exc.reason else str(exc)
+
+
+def _encode(lines: list[str]) -> bytes:
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:

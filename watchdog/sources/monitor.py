@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from ..config.httpauth import ClientSettings, CredentialError, sign
+from ..config.httpclient import HttpClientConfig
 from ..config.model import Config
 from ..config.targets import TargetConfig
 from ..logs import Recurring
@@ -43,6 +48,20 @@ class TargetRuntime:
     canary: CanaryProbe | None
     state: EngineStateProbe  # paused or asleep on purpose (dev-mode endpoints)
     labels: dict[str, str] = field(default_factory=dict)
+    settings: ClientSettings | None = None  # the target's TLS and credentials, where it has any
+    client_tls: ssl.SSLContext | None = None  # the context `client` was built with
+
+
+def client_for(
+    settings: ClientSettings | None = None, tls: ssl.SSLContext | None = None, **kwargs: Any
+) -> httpx.AsyncClient:
+    """An httpx client with these settings' TLS context and credentials (kwargs go to httpx, `verify` being
+    the default context); trust_env=False keeps proxy variables from redirecting traffic."""
+    default = kwargs.pop("verify", True)
+    auth = (
+        functools.partial(sign, settings) if settings is not None and settings.config.authenticates else None
+    )
+    return httpx.AsyncClient(trust_env=False, verify=tls or default, auth=auth, **kwargs)
 
 
 def _keep_names(needs: StoreNeeds, keep_all: bool) -> frozenset[str] | None:
@@ -60,7 +79,7 @@ class Monitor:
         config: Config,
         rules: tuple[RuleGroup, ...],
         *,
-        client_factory: Callable[[], httpx.AsyncClient],
+        client_factory: Callable[..., httpx.AsyncClient],
         gpu: GpuCollector | None = None,
         keep_all: bool = False,
         monotonic: Callable[[], float] = time.perf_counter,
@@ -68,7 +87,8 @@ class Monitor:
         warnings: Recurring | None = None,
     ) -> None:
         # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
-        # so a single shared pool costs O(targets) per scrape.
+        # so a single shared pool costs O(targets) per scrape. It is called with the target's
+        # ClientSettings where the target has TLS settings or credentials, else with no argument.
         self.client_factory = client_factory
         self.retired: list[ScrapeTarget | HealthProbe | httpx.AsyncClient] = []
         self.monotonic = monotonic
@@ -154,6 +174,7 @@ class Monitor:
         instance: str,
         keep: Callable[[str], bool] | None,
         labels: dict[str, str],
+        settings: ClientSettings | None = None,
     ) -> ScrapeTarget:
         g = config.global_
         return ScrapeTarget(
@@ -168,18 +189,48 @@ class Monitor:
             extra_labels=labels,
             monotonic=self.monotonic,
             recorder=self.recorder,
+            settings=settings,
         )
 
     def _build_target(
         self, config: Config, tc: TargetConfig, keep: Callable[[str], bool] | None
     ) -> TargetRuntime:
-        client = self.client_factory()
-        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels))
-        health = HealthProbe(tc.health_url, tc.health_timeout, self.monotonic)
+        settings = ClientSettings(tc.http) if tc.http != HttpClientConfig() else None
+        client, tls = self._client(tc.name, settings)
+        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels), settings)
+        health = HealthProbe(tc.health_url, tc.health_timeout, self.monotonic, settings=settings)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
         state = EngineStateProbe(tc.url, client, tc.health_timeout, self.monotonic)
         labels = {**tc.labels, "job": "vllm", "instance": tc.name}
-        return TargetRuntime(tc, scrape, client, health, canary, state, labels)
+        return TargetRuntime(tc, scrape, client, health, canary, state, labels, settings, tls)
+
+    def _client(
+        self, name: str, settings: ClientSettings | None
+    ) -> tuple[httpx.AsyncClient, ssl.SSLContext | None]:
+        """A client for the canary and the state probe, with the target's TLS context and credentials."""
+        if settings is None:
+            return self.client_factory(), None
+        try:
+            tls = settings.ssl_context()
+        except CredentialError as exc:  # the scrape reports it every time; the canary fails verification
+            log.error("target TLS settings unusable", extra={"target": name, "error": str(exc)})
+            tls = None
+        return self.client_factory(settings, tls), tls
+
+    def _refresh_client(self, rt: TargetRuntime) -> None:
+        """A new client once a TLS file changed (the scrape's own connection re-checks on each connect)."""
+        if rt.settings is None or not rt.settings.custom_tls:
+            return
+        try:
+            tls = rt.settings.ssl_context()
+        except CredentialError:
+            return
+        if tls is not rt.client_tls:
+            self.retired.append(rt.client)
+            rt.client, rt.client_tls = self.client_factory(rt.settings, tls), tls
+            for probe in (rt.canary, rt.state):
+                if probe is not None:
+                    probe.client = rt.client
 
     def _record_probe(self, rt: TargetRuntime, st: ProbeStatus, kind: str, now: float) -> None:
         """Log a failed probe and store its outcome and latency as samples of the target."""
@@ -223,6 +274,7 @@ class Monitor:
     async def _probe_state(self, rt: TargetRuntime, now: float, up: bool = True) -> None:
         """Ask whether the engine is paused or asleep (while /health answers) and store the answers."""
         if up:
+            self._refresh_client(rt)
             await rt.state.probe(now)
         else:
             rt.state.server_down()
@@ -249,6 +301,7 @@ class Monitor:
         if rt is None or rt.canary is None or self.engine_state(name, now):
             return
         before = replace(rt.canary.status)
+        self._refresh_client(rt)
         st = await rt.canary.probe(now)
         if not st.ok:
             after = now + st.latency

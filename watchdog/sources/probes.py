@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from ..config.httpauth import ClientSettings
 from ..config.targets import CanaryConfig
 from ..errors import ScrapeError
 from .httpget import HttpGet
@@ -52,12 +53,13 @@ class HealthProbe:
         timeout: float,
         monotonic: Callable[[], float] = time.perf_counter,
         tls: ssl.SSLContext | None = None,
+        settings: ClientSettings | None = None,
     ) -> None:
         self.url = url
         self.timeout = timeout
         self.monotonic = monotonic
         self.status = ProbeStatus()
-        self._http = HttpGet(url, _HEALTH_HEADERS, HEALTH_BODY_LIMIT, tls)
+        self._http = HttpGet(url, _HEALTH_HEADERS, HEALTH_BODY_LIMIT, tls, settings=settings)
 
     async def probe(self, now: float) -> ProbeStatus:
         """Run once at wall-clock `now`; never raises for target faults."""
@@ -145,7 +147,7 @@ class CanaryProbe:
             ok, error = False, f"timeout after {self.config.timeout:g}s"
         except httpx.HTTPError as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
-        except ValueError as exc:
+        except ValueError as exc:  # CredentialError too: the target's credentials file cannot be read
             ok, error = False, str(exc)
         return self.status.record(now, ok, self.monotonic() - start, error)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..config.httpauth import ClientSettings
 from ..errors import SampleLimitError, ScrapeError
 from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
@@ -89,8 +90,10 @@ class ScrapeTarget:
         monotonic: Callable[[], float] = time.perf_counter,
         recorder: ScrapeRecorder | None = None,
         tls: ssl.SSLContext | None = None,
+        settings: ClientSettings | None = None,
     ) -> None:
         self.url = url
+        self.settings = settings  # the target's TLS and credentials
         self.job = job
         self.instance = instance
         self.store = store
@@ -121,7 +124,7 @@ class ScrapeTarget:
 
     async def _fetch(self) -> str:
         if self._http is None:
-            self._http = HttpGet(self.url, _HEADERS, self.body_size_limit, self.tls)
+            self._http = HttpGet(self.url, _HEADERS, self.body_size_limit, self.tls, settings=self.settings)
         resp = await self._http.get()
         if resp.status != 200:
             raise ScrapeError(f"server returned HTTP status {resp.status}", "status")
