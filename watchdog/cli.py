@@ -186,6 +186,14 @@ def cmd_top(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Make a running daemon reload its config; exit non-zero when it rejected it (ExecReload)."""
+    from .commands.reload import run_reload
+
+    token = os.environ.get("VLLM_WATCHDOG_TOKEN") or None
+    return run_reload(args.url, token=token, pid=args.pid, err=sys.stderr, timeout=args.timeout)
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
     """Scrape every target once and print a table of their state."""
     logs.setup("error", fmt="text")
@@ -330,6 +338,20 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit (4 if unreachable)")
     top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
     top.add_argument("--no-color", action="store_true", help="no ANSI colours (none when not a terminal)")
+    reload = _command(
+        sub,
+        "reload",
+        cmd_reload,
+        "make a running watchdog reload its config",
+        "Ask a running watchdog to reload its config and rule files, and wait for the outcome: with "
+        "VLLM_WATCHDOG_TOKEN through POST /-/reload (the problems are printed), else with --pid by SIGHUP, "
+        "reading the outcome from /metrics. Exit 0 when applied, 3 when rejected (the old config stays), "
+        "4 when the API cannot be reached. systemd's ExecReload runs it, so `systemctl reload` fails too.",
+        config=False,
+    )
+    reload.add_argument("--url", default="http://127.0.0.1:9460", help="the watchdog's API (its `listen`)")
+    reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID), for SIGHUP")
+    reload.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the outcome")
     return parser
 
 

@@ -1,15 +1,19 @@
-"""systemd notification protocol: READY=1, STOPPING=1 and WATCHDOG=1 over $NOTIFY_SOCKET."""
+"""systemd notification protocol over $NOTIFY_SOCKET: READY=1, STOPPING=1, WATCHDOG=1, STATUS= and
+RELOADING=1 (with the MONOTONIC_USEC= that systemd 253 and later want with it)."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 
 class Notifier:
     """Sends sd_notify datagrams; a no-op when not started by systemd."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], monotonic_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        self.monotonic_ns = monotonic_ns  # CLOCK_MONOTONIC, as systemd reads MONOTONIC_USEC
+        self._status: str | None = None
         addr = env.get("NOTIFY_SOCKET", "")
         self.address = "\0" + addr[1:] if addr.startswith("@") else addr
         usec = env.get("WATCHDOG_USEC", "")
@@ -43,3 +47,17 @@ class Notifier:
     def stopping(self) -> bool:
         """Tell systemd we are shutting down."""
         return self.send("STOPPING=1")
+
+    def reloading(self) -> bool:
+        """Tell systemd a reload started; READY=1 (`ready`) says it finished, whatever its outcome."""
+        return self.send(f"RELOADING=1\nMONOTONIC_USEC={self.monotonic_ns() // 1000}")
+
+    def status(self, line: str) -> bool:
+        """Show `line` in `systemctl status`; sent only when it changed. False when nothing was sent."""
+        line = " ".join(line.split())  # one line: a newline would start another assignment
+        if line == self._status or not self.address:
+            return False
+        sent = self.send(f"STATUS={line}")
+        if sent:
+            self._status = line
+        return sent

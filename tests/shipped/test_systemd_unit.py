@@ -115,7 +115,10 @@ def test_exec_start_runs_the_cli_with_real_flags() -> None:
         "/etc/vllm-watchdog/config.yml",
         True,
     )
-    assert last(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"
+    reload = shlex.split(last(unit, "ExecReload") or "")
+    assert reload == [SHIPPED_BINARY, "reload", "--pid", "$MAINPID"]  # exits non-zero on a rejected config
+    args = build_parser().parse_args([a.replace("$MAINPID", "1234") for a in reload[1:]])
+    assert (args.command, args.pid, args.url) == ("reload", 1234, "http://127.0.0.1:9460")
 
 
 def test_gateway_unit_runs_the_gateway_with_the_same_config_and_runtime_directory() -> None:

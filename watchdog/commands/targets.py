@@ -55,7 +55,7 @@ def print_targets(config: Config, out: TextIO) -> bool:
             {
                 "scrape": st.last_error,
                 "health": rt.health.status.last_error,
-                "canary": canary and canary.last_error,
+                "canary": canary.last_error if canary else None,
             }
         )
         all_up = all_up and st.up and bool(rt.health.status.ok) and (canary is None or bool(canary.ok))

@@ -46,6 +46,7 @@ from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
 from .loading import load_all
 from .schedule import Job, Schedule
+from .sdstatus import daemon_status
 from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, WatchdogCollector
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,8 @@ class Daemon:
             jobs.append(("scrapelog", self._flush_log, 1.0))
         if self.notifier.watchdog_interval is not None:
             jobs.append(("systemd-watchdog", self._ping, self.notifier.watchdog_interval))
+        if self.notifier.enabled:
+            jobs.append(("systemd-status", self._status, 1.0))
         self.schedule.replace(jobs)
 
     async def _scrape(self, name: str, now: float) -> None:
@@ -222,6 +225,10 @@ class Daemon:
         if self.healthy():
             self.notifier.ping()
 
+    async def _status(self, now: float) -> None:
+        """`systemctl status` shows targets up, alerts firing and actions running; sent when it changes."""
+        self.notifier.status(daemon_status(self.monitor, self.evaluation, self.actions))
+
     def healthy(self) -> bool:
         """The scheduler runs and some job finished recently."""
         if not self.schedule.running:
@@ -231,7 +238,16 @@ class Daemon:
 
     # -- config -----------------------------------------------------------------------------
     async def reload(self) -> tuple[bool, list[str]]:
-        """Load config and rules again; on any error keep the old ones and report every problem."""
+        """Load config and rules again; on any error keep the old ones and report every problem. systemd
+        hears RELOADING=1 before and READY=1 after, whatever the outcome (`vllm-watchdog reload` reports it).
+        """
+        self.notifier.reloading()
+        try:
+            return await self._reload()
+        finally:
+            self.notifier.ready()
+
+    async def _reload(self) -> tuple[bool, list[str]]:
         try:
             config, rules = load_all(self.options.config_path, self.options.env)
         except ConfigError as exc:
