@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from .. import logs
 from ..actions.metrics import ActionCollector
@@ -131,6 +131,7 @@ class Daemon:
         registry.register(GatewayCollector(lambda: g.snapshot if (g := actions.gateway) else None))
         registry.register(ListenerCollector("vllm_watchdog_api_", lambda: self.api_listener))
         registry.register(FdCollector(self.fd_guard))
+        ProcessCollector(registry=registry)  # process_*: CPU, memory and descriptors, as Prometheus exports
         app = build_app(
             ApiOptions(
                 mon,
