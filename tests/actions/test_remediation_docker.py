@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import VllmRuntime, remove_container, unique_name, wait_http
 from tests.support.faultserver import FaultServer
@@ -172,7 +173,7 @@ async def test_restart_cooldown_budget_draft_rollback(
         )
 
         # 4. Speculative traffic makes the acceptance rule fire; disable_draft relaunches without the spec.
-        await wait_for(c, base + "/api/v1/targets", lambda j: j["data"][0]["up"], 60)
+        await wait_for(c, base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 60)
         traffic = [asyncio.create_task(_complete(vport, tokens=48)) for _ in range(4)]
         (off,) = await _settled(c, base, "draft_off", 1)
         await asyncio.gather(*traffic, return_exceptions=True)

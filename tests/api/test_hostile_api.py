@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import PAYLOAD
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, write_config
 from tests.support.configs import target as target_entry  # `target` is this module's fake vLLM fixture
 from tests.support.faultserver import FaultServer
@@ -86,7 +87,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, target: FaultServer) -> Iterat
     proc = start_watchdog(_config(tmp, target.url, port), log)
     base = f"http://127.0.0.1:{port}"
     try:
-        poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 30, "first scrape", log)
+        poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 30, "first scrape", log)
         yield base
     finally:
         proc.terminate()
@@ -168,7 +169,7 @@ def test_json_nested_100k_deep_is_a_400(api: str, path: str) -> None:
 
 def test_a_50_kb_label_value_is_redacted_in_linear_time(api: str) -> None:
     started = time.monotonic()
-    r = httpx.get(api + "/api/v1/series", params={"match": "vllm_hostile_info"}, timeout=READ_LIMIT)
+    r = httpx.get(api + "/api/v1/samples", params={"match": "vllm_hostile_info"}, timeout=READ_LIMIT)
     assert r.status_code == 200, r.text
     (series,) = r.json()["data"]
     assert series["labels"]["model"] == LONG
@@ -237,7 +238,7 @@ def test_clients_holding_every_descriptor_do_not_stop_scrapes_or_flood_the_log(
     held: list[socket.socket] = []
     try:
         base = f"http://127.0.0.1:{port}"
-        poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 30, "first scrape", log)
+        poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 30, "first scrape", log)
         held = _hold(port, HOLD)
         time.sleep(1.0)
         before = sum(1 for _, path, _ in fault.requests if path == "/metrics")
@@ -248,8 +249,8 @@ def test_clients_holding_every_descriptor_do_not_stop_scrapes_or_flood_the_log(
         for s in held:
             s.close()
         held = []
-        answer = poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 20, "up after the flood", log)
-        assert answer["data"][0]["last_error"] in ("", None), answer
+        answer = poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 20, "up after the flood", log)
+        assert targets(answer)[0]["last_error"] in ("", None), answer
         metrics = httpx.get(base + "/metrics", timeout=READ_LIMIT).text
         assert "vllm_watchdog_fd_reserve 64.0" in metrics
         lines = log.read_text(errors="replace").splitlines()

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.clock import T0, Clock
 from tests.support.configs import target, watchdog_yaml
 from tests.support.faultserver import FaultServer
@@ -388,14 +389,14 @@ async def test_daemon_goes_on_storing_and_evaluating_after_the_clock_goes_back(
         task.result()
     base = f"http://127.0.0.1:{port}"
     try:
-        await _get(base + "/api/v1/targets", lambda j: j["data"][0]["up"] and j["data"][0]["samples"] == 1)
+        await _get(base + "/api/v1/targets", lambda j: targets(j)[0]["up"] and targets(j)[0]["samples"] == 1)
         await asyncio.sleep(2)  # a few samples and evaluations before the jump
         wall.offset = -HOURS
         fault.vllm_like('vllm:num_requests_waiting{model_name="m"} 10\n')
         alerts = await _get(base + "/api/v1/alerts", lambda j: len(j["data"]["alerts"]) == 1)
         assert alerts["data"]["alerts"][0]["labels"]["alertname"] == "Queue"
         series = await _get(
-            base + "/api/v1/series?match=vllm:num_requests_waiting",
+            base + "/api/v1/samples?match=vllm:num_requests_waiting",
             lambda j: j["data"][0]["samples"][-1][1] == "10.0",
         )
         assert series["data"][0]["samples"][-1][0] < time.time() - HOURS + 60  # stored at the new time

@@ -37,6 +37,7 @@ import docker
 import httpx
 from docker.errors import DockerException, NotFound
 
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import host_binds
 from tests.support.vllm_server import free_port
@@ -238,7 +239,7 @@ actions:
             env={**os.environ, "DOCKER_HOST": engine.host},
         )
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "target up", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "target up", log)
 
     # The alert arrives once, as an Alertmanager sends it; the restart reaches `docker stop`.
     hung = inbound_alert("VLLMEngineHung", "vllm-d")
@@ -270,10 +271,10 @@ actions:
     assert data["drained"] == {}
     own = [(a["labels"]["alertname"], a["labels"]["target"]) for a in data["watchdog_alerts"]]
     assert ("VLLMWatchdogActionFailed", "vllm-d") in own
-    scraped = httpx.get(base + "/api/v1/targets", timeout=10).json()["data"][0]["last_scrape"]
+    scraped = targets(httpx.get(base + "/api/v1/targets", timeout=10).json())[0]["last_scrape"]
     poll(
         base + "/api/v1/targets",
-        lambda j: j["data"][0]["last_scrape"] > scraped + 1.5,
+        lambda j: targets(j)[0]["last_scrape"] > scraped + 1.5,
         LIMIT,
         "scrapes going on with the engine down",
         log,

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.stub_server import StubContainers
@@ -134,7 +135,7 @@ notifiers:
     _, first_server = start_with_process_target(cfg, log, base, vport, cleanup)
     poll(
         base + "/api/v1/targets",
-        lambda j: (j["data"][0]["canary"] or {}).get("success") is True,
+        lambda j: (targets(j)[0]["canary"] or {}).get("success") is True,
         START_LIMIT,
         "a successful canary",
         log,
@@ -257,7 +258,7 @@ notifiers:
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.terminate(), wd.wait(20)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 60, "the server up", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 60, "the server up", log)
 
     crash.write_text("5")  # from now on the server dies 5 s after each start
     stubs.client.containers.get(name).kill()  # SIGKILL
@@ -293,7 +294,7 @@ notifiers:
 
     # No restart after the rail: the server stays down, and the alert reaches the notifier.
     last_start = stubs.client.containers.get(name).attrs["State"]["StartedAt"]
-    poll(f"{base}/api/v1/targets", lambda j: not j["data"][0]["up"], 30, "the server down for good", log)
+    poll(f"{base}/api/v1/targets", lambda j: not targets(j)[0]["up"], 30, "the server down for good", log)
     time.sleep(5)
     assert stubs.client.containers.get(name).attrs["State"]["StartedAt"] == last_start
     assert [h["outcome"] for h in rows()].count("succeeded") == 2

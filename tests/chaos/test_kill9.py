@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.stub_server import StubContainers, stub_args, wait_status, write_stub
 from tests.support.vllm_server import free_port
@@ -148,7 +149,7 @@ def test_kill_9_at_each_phase_reconciles(
 
     first = _watchdog(cfg, log, failpoint)
     cleanup.append(lambda: (first.kill(), first.wait(10)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "the server up", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "the server up", log)
     before = stub_args(vport)
     assert ("--speculative-config" in before["args"]) and len(before["args"]) == len(server_args) + 2
     run = httpx.post(f"{base}/api/v1/actions/{ACTION[flow]}/run", json={}, headers=AUTH, timeout=10)

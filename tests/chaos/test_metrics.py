@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.apitargets import targets
 from tests.support.configs import FAST, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -151,7 +152,7 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(0.25):
             try:
-                rows = httpx.get(self.url, timeout=5).json()["data"]
+                rows = targets(httpx.get(self.url, timeout=5).json())
             except (httpx.HTTPError, ValueError):
                 continue
             self.rows += [r for r in rows if r["name"] == self.name]
@@ -190,8 +191,8 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))
     api = f"http://127.0.0.1:{port}/api/v1/targets"
-    both_up = poll(api, lambda j: all(r["up"] for r in j["data"]), 30, "both targets up", log)
-    assert _target(both_up["data"], "healthy")["samples"] > 400
+    both_up = poll(api, lambda j: all(r["up"] for r in targets(j)), 30, "both targets up", log)
+    assert _target(targets(both_up), "healthy")["samples"] > 400
     time.sleep(3)  # a few more scrapes of both: the baseline includes the steady state
     baseline = rss_mb(wd.pid)
     healthy = Sampler(api, "healthy")

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from tests.support.alertmanager_server import AlertmanagerServer
+from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -120,7 +121,7 @@ notifiers:
     )
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "target up", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "target up", log)
 
     def firing() -> dict[int, str]:
         alerts = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
@@ -164,7 +165,7 @@ notifiers:
     wd.wait(10)
     wd = start_watchdog(cfg, log)
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "restarted watchdog up", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "restarted watchdog up", log)
     assert _metric(base, "vllm_watchdog_notifications_queued", "hook") >= queued_before
     poll(base + "/api/v1/alerts", lambda _: firing().get(KILL_IN) == "firing", LIMIT, "alert restored", log)
     flip(KILL_IN, False)

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.chaos.test_engine import actions, engine_core, firing_seen, session_members
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
@@ -120,7 +121,7 @@ notifiers:
     _, server = start_with_process_target(cfg, log, base, vport, cleanup)
     poll(
         base + "/api/v1/targets",
-        lambda j: (j["data"][0]["canary"] or {}).get("success") is True,
+        lambda j: (targets(j)[0]["canary"] or {}).get("success") is True,
         START_LIMIT,
         "a successful canary",
         log,
@@ -201,7 +202,7 @@ notifiers:
         )
         poll(
             base + "/api/v1/targets",
-            lambda j: (j["data"][0]["canary"] or {}).get("success") is True,
+            lambda j: (targets(j)[0]["canary"] or {}).get("success") is True,
             60,
             "a canary after the resume",
             log,

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.apitargets import targets
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
@@ -108,7 +109,7 @@ def test_sighup_with_invalid_config_or_rules_keeps_the_old_ones(
         """The old targets and rules run: the target is scraped after the failed reload, the alert fires."""
         after = poll(
             base + "/api/v1/targets",
-            lambda j: j["data"][0]["up"] and j["data"][0]["last_scrape"] > before + 2,
+            lambda j: targets(j)[0]["up"] and targets(j)[0]["last_scrape"] > before + 2,
             LIMIT,
             "scrapes going on after the rejected reload",
             log,
@@ -124,7 +125,7 @@ def test_sighup_with_invalid_config_or_rules_keeps_the_old_ones(
     url_line = bad.splitlines().index("    url: not a url") + 1
     bogus_line = bad.splitlines().index("bogus: 1") + 1
     cfg.write_text(bad)
-    t0 = httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["last_scrape"]
+    t0 = targets(httpx.get(base + "/api/v1/targets", timeout=5).json())[0]["last_scrape"]
     text = hup_and_wait(1.0, 0.0)
     assert _metric(text, "vllm_watchdog_config_last_reload_successful") == 0.0
     assert _metric(text, "vllm_watchdog_config_errors") == 2.0
@@ -138,7 +139,7 @@ def test_sighup_with_invalid_config_or_rules_keeps_the_old_ones(
     broken = RULES.replace("vllm:num_requests_waiting > 1", "rate(vllm:num_requests_waiting[5m] > 1")
     expr_line = next(i for i, line in enumerate(broken.splitlines(), 1) if "rate(" in line)
     rules.write_text(broken)
-    t1 = httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["last_scrape"]
+    t1 = targets(httpx.get(base + "/api/v1/targets", timeout=5).json())[0]["last_scrape"]
     text = hup_and_wait(2.0, 0.0)
     assert _metric(text, "vllm_watchdog_config_last_reload_successful") == 0.0
     assert _metric(text, "vllm_watchdog_config_errors") == 1.0
@@ -178,18 +179,18 @@ def test_sighup_with_fifo_files_and_leaky_errors_neither_freezes_nor_leaks(
             env=env,
         )
     cleanup.append(lambda: (wd.kill(), wd.wait(10)))
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], LIMIT, "first scrape", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "first scrape", log)
 
     os.mkfifo(tmp_path / "inc.yml")
     os.mkfifo(tmp_path / "fifo.rules.yml")
     leaky = _config(port, fault.url, tmp_path / "fifo.rules.yml").splitlines()[1:]  # no `global:`
     leaky += ["include: [inc.yml]", "global: {scrape_interval: '${SCRAPE_SECRET}'}"]
     cfg.write_text("\n".join(leaky) + "\n")
-    t0 = httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["last_scrape"]
+    t0 = targets(httpx.get(base + "/api/v1/targets", timeout=5).json())[0]["last_scrape"]
     wd.send_signal(signal.SIGHUP)
     poll(
         base + "/api/v1/targets",
-        lambda j: j["data"][0]["up"] and j["data"][0]["last_scrape"] > t0 + 3,
+        lambda j: targets(j)[0]["up"] and targets(j)[0]["last_scrape"] > t0 + 3,
         LIMIT,
         "scrapes going on after SIGHUP with FIFOs",
         log,

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -274,7 +275,7 @@ def _start(tmp_path: Path, fault: FaultServer, cleanup: list[Callable[[], None]]
 
     cleanup.append(stop)
     base = f"http://127.0.0.1:{port}"
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 60, "the target scraped", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 60, "the target scraped", log)
     return base, log, marker
 
 
@@ -311,7 +312,7 @@ def _assert_unwritable_behaviour(base: str, log: Path, fault: FaultServer) -> di
     poll(base + "/api/v1/alerts", firing, 150, f"{ALERT} firing", log)
     delivered = lambda: any(p == "/hook" and ALERT.encode() in b for _, p, b in fault.requests)  # noqa: E731
     _until(delivered, 60, f"{ALERT} delivered to the webhook", log)
-    poll(base + "/api/v1/targets", lambda j: j["data"][0]["up"], 10, "the target still scraped", log)
+    poll(base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 10, "the target still scraped", log)
     assert "state_dir is not writable" in log.read_text()
     return dict(row)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
@@ -112,10 +113,12 @@ routes:
     moving(lambda j: bool(j["data"]["history"]), api + "/api/v1/actions", 9, "the throttle")
     moving(lambda j: not j["data"]["alerts"], api + "/api/v1/alerts", 0, "the backlog resolving")
     fault.set("/v1/completions", b"boom", status=500)
-    moving(lambda j: j["data"][0]["canary"]["success"] is False, api + "/api/v1/targets", 0, "canary failing")
+    moving(
+        lambda j: targets(j)[0]["canary"]["success"] is False, api + "/api/v1/targets", 0, "canary failing"
+    )
     time.sleep(3)  # a few failed canaries (1 s apart) to mark
     fault.vllm_like(body(step + 1, 0), model="tiny-llama")
-    moving(lambda j: j["data"][0]["canary"]["success"] is True, api + "/api/v1/targets", 0, "canary back")
+    moving(lambda j: targets(j)[0]["canary"]["success"] is True, api + "/api/v1/targets", 0, "canary back")
     wd.send_signal(signal.SIGTERM)
     assert wd.wait(20) == 0
     return cfg, rec, tmp_path / "state"

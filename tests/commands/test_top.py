@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, FAST, target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT, free_port
@@ -31,11 +32,15 @@ def snapshot(**over: Any) -> Snapshot:
         "url": "http://127.0.0.1:9460",
         "targets": [
             {
-                "name": "vllm-0",
-                "url": "http://127.0.0.1:8000",
-                "up": True,
-                "health": {"up": True, "latency": 0.002, "last_error": None},
-                "canary": {"success": False, "latency": 3.0, "last_error": "timeout after 3s"},
+                "labels": {"instance": "vllm-0", "job": "vllm"},
+                "scrapePool": "vllm",
+                "health": "up",
+                "watchdog": {
+                    "name": "vllm-0",
+                    "url": "http://127.0.0.1:8000",
+                    "healthProbe": {"up": True, "latency": 0.002, "lastError": None},
+                    "canary": {"success": False, "latency": 3.0, "lastError": "timeout after 3s"},
+                },
             }
         ],
         "alerts": [
@@ -198,7 +203,7 @@ routes:
         timeout=5,
     )
     assert default.status_code == 200 and default.json()["seconds"] == 420, default.text
-    poll(api + "/api/v1/targets", lambda j: j["data"][0]["canary"]["success"], 30, "a canary", log)
+    poll(api + "/api/v1/targets", lambda j: targets(j)[0]["canary"]["success"], 30, "a canary", log)
 
     done = _top(api)
     assert done.returncode == 0, done.stderr

@@ -107,7 +107,7 @@ async def test_alert_fires_and_shows_in_api_and_metrics(running: tuple[Daemon, s
         assert 'ALERTS_FOR_STATE{alertname="Backlog",instance="vllm-0",severity="warning"}' in metrics
         assert 'vllm_watchdog_rule_group_evaluations_total{rule_group="' in metrics
         # the recording rule's output is a series later rules (and the series API) can read
-        rec = (await client.get(base + "/api/v1/series", params={"match": "instance:waiting:max"})).json()
+        rec = (await client.get(base + "/api/v1/samples", params={"match": "instance:waiting:max"})).json()
         assert rec["data"][0]["labels"] == {"__name__": "instance:waiting:max", "instance": "vllm-0"}
     assert d.evaluation is not None and d.evaluation.manager.persistence_errors == 0
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
@@ -72,7 +73,7 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=10) as client:
-            await wait_for(client, base + "/api/v1/targets", lambda j: j["data"][0]["up"], limit=30)
+            await wait_for(client, base + "/api/v1/targets", lambda j: targets(j)[0]["up"], limit=30)
             assert (await client.get(base + "/api/v1/alerts")).json()["data"]["alerts"] == []
             started = time.time()
             flood = [asyncio.create_task(_complete(client, vllm_server.url, i)) for i in range(FLOOD)]
@@ -81,11 +82,11 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
                     client, base + "/api/v1/alerts", lambda j: firing(j, "QueueBacklog"), 120
                 )
             except AssertionError:
-                targets = (await client.get(base + "/api/v1/targets")).json()
-                found = (await client.get(base + "/api/v1/series?match=vllm:num_requests_waiting")).json()
+                listing = (await client.get(base + "/api/v1/targets")).json()
+                found = (await client.get(base + "/api/v1/samples?match=vllm:num_requests_waiting")).json()
                 waiting = [max((float(v) for _, v in s["samples"]), default=None) for s in found["data"]]
                 raise AssertionError(
-                    f"no alert; targets: {targets}; most waiting seen: {waiting}; {vllm_server.log_tail()}"
+                    f"no alert; targets: {listing}; most waiting seen: {waiting}; {vllm_server.log_tail()}"
                 ) from None
             (alert,) = firing(alerts, "QueueBacklog")
             assert alert["labels"]["instance"] == "vllm-0" and alert["labels"]["severity"] == "warning"

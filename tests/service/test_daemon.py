@@ -16,6 +16,7 @@ import httpx
 import pytest
 from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
+from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -69,17 +70,17 @@ async def daemon(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Daem
 async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]) -> None:
     _, base, _ = daemon
     async with httpx.AsyncClient() as client:
-        targets = await wait_for(
+        answer = await wait_for(
             client,
             base + "/api/v1/targets",
             lambda j: (
-                j["data"][0]["up"] and j["data"][0]["canary"]["success"] and j["data"][0]["health"]["up"]
+                targets(j)[0]["up"] and targets(j)[0]["canary"]["success"] and targets(j)[0]["health"]["up"]
             ),
         )
-        row = targets["data"][0]  # type: ignore[index]
-        assert row["name"] == "vllm-0" and row["last_error"] is None and row["samples"] == 2
+        row = targets(answer)[0]
+        assert row["name"] == "vllm-0" and row["last_error"] == "" and row["samples"] == 2
         r = await client.get(
-            base + "/api/v1/series", params={"match": 'vllm:num_requests_waiting{instance="vllm-0"}'}
+            base + "/api/v1/samples", params={"match": 'vllm:num_requests_waiting{instance="vllm-0"}'}
         )
         (series,) = r.json()["data"]
         assert series["labels"] == {
@@ -89,9 +90,9 @@ async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]
             "model_name": "m",
         }
         assert series["samples"][-1][1] == "3.0"
-        health = await client.get(base + "/api/v1/series", params={"match": "vllm_watchdog_health_up"})
+        health = await client.get(base + "/api/v1/samples", params={"match": "vllm_watchdog_health_up"})
         assert health.json()["data"][0]["samples"][-1][1] == "1.0"
-        bad = await client.get(base + "/api/v1/series", params={"match": "rate(x[1m])"})
+        bad = await client.get(base + "/api/v1/samples", params={"match": "rate(x[1m])"})
         assert bad.status_code == 400 and "not a plain series selector" in bad.json()["error"]
         assert (await client.get(base + "/api/v1/series")).status_code == 400
         metrics = (await client.get(base + "/metrics")).text

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.service.test_daemon import wait_for
+from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
@@ -43,16 +44,16 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 30)
     base = f"http://127.0.0.1:{port}"
-    series_url = base + "/api/v1/series"
+    series_url = base + "/api/v1/samples"
     try:
         async with httpx.AsyncClient(timeout=10) as client:
-            targets = await wait_for(
+            answer = await wait_for(
                 client,
                 base + "/api/v1/targets",
-                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                lambda j: targets(j)[0]["up"] and targets(j)[0]["canary"]["success"],
                 limit=90,
             )
-            assert targets["data"][0]["health"]["up"] is True  # type: ignore[index]
+            assert targets(answer)[0]["health"]["up"] is True
             running = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
             (series,) = running["data"]
             labels = series["labels"]
@@ -93,7 +94,7 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
             await wait_for(
                 client,
                 base + "/api/v1/targets",
-                lambda j: j["data"][0]["up"] and j["data"][0]["canary"]["success"],
+                lambda j: targets(j)[0]["up"] and targets(j)[0]["canary"]["success"],
                 limit=90,
             )
     finally:

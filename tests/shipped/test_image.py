@@ -21,6 +21,7 @@ import pytest
 import yaml
 from docker.errors import APIError, ContainerError, NotFound
 
+from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
 from tests.support.docker_engine import (
     container_log,
@@ -196,12 +197,12 @@ include: ["bundled:watchdog.yml"]
     assert uids and {int(u) for u in uids.groups()} == {UID}, status
 
     def target_up() -> bool:
-        target = httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]
+        target = targets(httpx.get(base + "/api/v1/targets", timeout=5).json())[0]
         return bool(target["up"])
 
     _poll(target_up, 60, "the vLLM target up", logs)
     series = httpx.get(
-        base + "/api/v1/series", params={"match": "vllm:num_requests_running"}, timeout=5
+        base + "/api/v1/samples", params={"match": "vllm:num_requests_running"}, timeout=5
     ).json()
     assert series["data"], series  # real vLLM samples in the watchdog's store
     assert httpx.get(f"http://127.0.0.1:{gw}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny-llama"

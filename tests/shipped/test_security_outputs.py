@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
 from tests.support.vllm_server import VllmServer, free_port
 from tests.support.watchdogproc import poll
@@ -72,9 +73,9 @@ READS = (
     "/api/v1/actions",
     "/api/v1/silences",
     "/api/v1/gateway",
-    "/api/v1/series?match=" + '{__name__=~"vllm_watchdog_gateway.*"}',
-    "/api/v1/series?match=" + '{__name__=~"vllm:.*"}',
-    "/api/v1/series?match=" + '{__name__=~"vllm_watchdog_(canary|health|target).*"}',
+    "/api/v1/samples?match=" + '{__name__=~"vllm_watchdog_gateway.*"}',
+    "/api/v1/samples?match=" + '{__name__=~"vllm:.*"}',
+    "/api/v1/samples?match=" + '{__name__=~"vllm_watchdog_(canary|health|target).*"}',
 )
 
 
@@ -209,7 +210,7 @@ def test_no_prompt_completion_or_secret_in_logs_metrics_api_audit_or_queue(
     cleanup.append(lambda: (wd.kill(), wd.wait(20)))
     poll(
         api + "/api/v1/targets",
-        lambda j: all(t["health"]["up"] for t in j["data"]) and j["data"][0]["up"],
+        lambda j: all(t["health"]["up"] for t in targets(j)) and targets(j)[0]["up"],
         120,
         "vLLM scraped and the fake server healthy",
         log,
@@ -234,7 +235,7 @@ def test_no_prompt_completion_or_secret_in_logs_metrics_api_audit_or_queue(
         time.sleep(0.5)  # the alert's notification is queued (its receiver never answers)
     reads = _reads(api)
     actions: Any = httpx.get(api + "/api/v1/actions", timeout=10).json()["data"]["history"]
-    targets: Any = httpx.get(api + "/api/v1/targets", timeout=10).json()["data"]
+    scraped: Any = targets(httpx.get(api + "/api/v1/targets", timeout=10).json())
     wd.send_signal(signal.SIGTERM)
     assert wd.wait(30) == 0
     outputs = {"watchdog log": log.read_bytes(), **reads, **_state_files(state)}
@@ -261,7 +262,7 @@ def test_no_prompt_completion_or_secret_in_logs_metrics_api_audit_or_queue(
         if s["step"] == "replace"
     )
     assert replace[replace.index("--api-key") + 1] == MASK and "b" in replace
-    fake = next(t for t in targets if t["name"] == "fake")
+    fake = next(t for t in scraped if t["name"] == "fake")
     assert fake["url"] == f"http://watchdog:{MASK}@127.0.0.1:{fport}"
     assert '"argv": [' in outputs["watchdog log"].decode() and MASK in outputs["watchdog log"].decode()
 

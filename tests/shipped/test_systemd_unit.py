@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
 from tests.support.systemd_sandbox import NotifySocket, Sandbox
 from tests.support.vllm_server import VllmServer, free_port
@@ -389,7 +390,7 @@ include: ["bundled:watchdog.yml"]
         notify.wait_for("READY=1", 1, START_LIMIT, log)
         notify.wait_for("WATCHDOG=1", 3, 10 * WATCHDOG_USEC / 1e6, log)
         base = f"http://127.0.0.1:{api}"
-        _poll(lambda: httpx.get(base + "/api/v1/targets", timeout=5).json()["data"][0]["up"], log)
+        _poll(lambda: targets(httpx.get(base + "/api/v1/targets", timeout=5).json())[0]["up"], log)
         _poll(lambda: httpx.get(base + "/healthz", timeout=5).status_code == 200, log)
         _poll(lambda: httpx.get(base + "/api/v1/gateway", timeout=5).json()["data"]["pid"], log)
         body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2, "temperature": 0}

@@ -8,6 +8,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +25,7 @@ class Reply:
     close_early: bool = False  # send headers claiming a longer body, then drop the connection
     headers: dict[str, str] = field(default_factory=dict)
     authorization: str | None = None  # when set, a request without this Authorization header gets a 401
+    render: Callable[[], bytes] | None = None  # makes the body at each request (a counter that grows)
 
 
 class _TlsServer(ThreadingHTTPServer):
@@ -73,15 +75,16 @@ class FaultServer:
                     reply = Reply(b"unauthorized", 401, headers={"WWW-Authenticate": 'Basic realm="test"'})
                 if reply.delay:
                     time.sleep(reply.delay)
+                body = reply.render() if reply.render is not None else reply.body
                 self.send_response(reply.status)
                 self.send_header("Content-Type", reply.content_type)
-                size = len(reply.body) * (2 if reply.close_early else 1)
+                size = len(body) * (2 if reply.close_early else 1)
                 self.send_header("Content-Length", str(size))
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
                 try:
-                    self.wfile.write(reply.body)
+                    self.wfile.write(body)
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     return

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.apitargets import targets
+
 
 def start_watchdog(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     """`vllm-watchdog run --config cfg`, output appended to `log`."""
@@ -76,7 +78,7 @@ def start_with_process_target(
     cleanup.append(lambda: (wd.terminate(), wd.wait(20)))
     poll(
         api + "/api/v1/targets",
-        lambda j: j["data"][0]["up"],
+        lambda j: targets(j)[0]["up"],
         START_LIMIT,
         "vLLM launched by the watchdog",
         log,

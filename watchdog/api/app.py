@@ -1,4 +1,5 @@
-"""The own HTTP API on `listen`: /metrics, /healthz, targets, series, and token-guarded control.
+"""The own HTTP API on `listen`: /metrics, /healthz, Prometheus' read API (targets, series, query,
+query_range, buildinfo, /-/healthy, /-/ready), the store's raw samples, and token-guarded control.
 
 Everything it shows passes through the live config's `Redactor` (secret values and shapes masked); everything
 that changes state goes through `ControlGuard` (bearer token, bounded bodies).
@@ -14,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,6 +38,9 @@ from .control import (
     gateway_unreachable,
 )
 from .jsonbodies import JSONAnswer
+from .prometheus import MAX_BODY as MAX_QUERY_BODY
+from .prometheus import READ_POSTS, QueryOptions, query_routes
+from .targets import targets_json
 
 MAX_SERIES = 10_000
 MAX_CONTROL_BODY = 64 * 1024
@@ -47,6 +52,13 @@ def _value(v: float) -> str:
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return repr(v)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such path: 404, wrong method: 405) as the API's JSON errors."""
+    assert isinstance(exc, HTTPException)
+    message = "not found" if exc.status_code == 404 else str(exc.detail).lower()
+    return error_response(exc.status_code, message, **(exc.headers or {}))
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class ApiOptions:
     healthy: Callable[[], bool]
     gateway: GatewayControl | None = None
     clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.perf_counter
+    ready: Callable[[], bool] = lambda: True  # /-/ready: 503 until the daemon has started
 
 
 def build_app(options: ApiOptions) -> Starlette:
@@ -84,35 +98,12 @@ def build_app(options: ApiOptions) -> Starlette:
         return error_response(503, "scheduler is not running")
 
     async def targets(request: Request) -> Response:
-        out: list[dict[str, Any]] = []
-        for rt in monitor.targets.values():
-            st, h = rt.scrape.status, rt.health.status
-            canary = rt.canary.status if rt.canary is not None else None
-            out.append(
-                {
-                    "name": rt.config.name,
-                    "url": rt.config.url,
-                    "metrics_url": rt.config.metrics_url,
-                    "container": rt.config.container,
-                    "labels": rt.labels,
-                    "up": st.up,
-                    "last_scrape": st.last_scrape,
-                    "last_scrape_duration": st.last_duration,
-                    "last_error": st.last_error,
-                    "samples": st.samples,
-                    "health": {"up": h.ok, "latency": h.latency, "last_error": h.last_error},
-                    "canary": None
-                    if canary is None
-                    else {
-                        "success": canary.ok,
-                        "latency": canary.latency,
-                        "last_error": canary.last_error,
-                    },
-                }
-            )
-        return answer({"status": "success", "data": out})
+        q = request.query_params
+        return answer(
+            {"status": "success", "data": targets_json(monitor, q.get("scrapePool", ""), q.get("state", ""))}
+        )
 
-    async def series(request: Request) -> Response:
+    async def samples(request: Request) -> Response:
         match = request.query_params.get("match") or request.query_params.get("match[]")
         if not match:
             return error_response(
@@ -156,15 +147,30 @@ def build_app(options: ApiOptions) -> Starlette:
             Middleware(
                 ControlGuard,
                 get_token=lambda: monitor.config.api_token,
-                limits={"/-/reload": MAX_CONTROL_BODY},
+                limits={"/-/reload": MAX_CONTROL_BODY} | dict.fromkeys(READ_POSTS, MAX_QUERY_BODY),
+                read_posts=READ_POSTS,
             ),
         ],
-        exception_handlers={BadRequest: bad_request, ChannelError: gateway_unreachable},
+        exception_handlers={
+            BadRequest: bad_request,
+            ChannelError: gateway_unreachable,
+            HTTPException: http_error,
+        },
         routes=[
             Route("/metrics", metrics),
             Route("/healthz", healthz),
             Route("/api/v1/targets", targets),
-            Route("/api/v1/series", series),
+            Route("/api/v1/samples", samples),
+            *query_routes(
+                QueryOptions(
+                    lambda: monitor.config,
+                    lambda: monitor.store,
+                    redactor,
+                    options.clock,
+                    options.monotonic,
+                    options.ready,
+                )
+            ),
             Route("/api/v1/alerts", alerts),
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),

@@ -1,8 +1,9 @@
 """The action part of the own HTTP API: history, maintenance mode, silences, manual runs, inbound alerts.
 
 `ControlGuard` fronts the whole API: every method but GET and HEAD needs the bearer token (`api_token`), on
-every path, so that no state-changing route can be added without it; and every request body is bounded. Reads
-need no token; what they show passes through the config's `Redactor` first.
+every path but the named POSTs that only read (Prometheus' query API), so that no state-changing route can be
+added without it; and every request body is bounded. Reads need no token; what they show passes through the
+config's `Redactor` first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..matchers import make_matcher, parse_matcher
 from ..notifiers.alert import OutgoingAlert
 from ..redact import Redactor
 from .jsonbodies import JSONAnswer, parse
+from .promjson import ERROR_STATUS
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
 MANUAL_WAIT_LIMIT = 3600.0
@@ -46,9 +48,14 @@ class BodyTooLarge(ValueError):
     """A request body over the limit of its path; raised while reading, and answered 413 by ControlGuard."""
 
 
+# Prometheus' errorType of a status (503: "unavailable"); other statuses answer errorType "error".
+_ERROR_TYPES = {status: kind for kind, status in ERROR_STATUS.items()}
+
+
 def error_response(status: int, message: str, **headers: str) -> JSONResponse:
-    """The JSON error body every endpoint of the own API answers with."""
-    return JSONAnswer({"status": "error", "error": message}, status_code=status, headers=headers)
+    """The JSON error body every endpoint of the own API answers with, in Prometheus' shape."""
+    body = {"status": "error", "errorType": _ERROR_TYPES.get(status, "error"), "error": message}
+    return JSONAnswer(body, status_code=status, headers=headers)
 
 
 def _digest(text: str) -> bytes:
@@ -71,7 +78,7 @@ def check_bearer(headers: Headers, token: str | None) -> JSONResponse | None:
 
 
 class ControlGuard:
-    """ASGI middleware: the bearer token for every method but GET/HEAD, and a body limit per path.
+    """ASGI middleware: the bearer token for all but GET/HEAD and read-only POSTs; a body limit per path.
 
     A declared Content-Length over the limit is refused without reading the body; a chunked (or understated)
     body is counted as it arrives and refused at the first byte over. Before a refusal, at most DRAIN_BYTES
@@ -85,9 +92,11 @@ class ControlGuard:
         get_token: Callable[[], str | None],
         limits: Mapping[str, int] | None = None,
         default_limit: int = MAX_BODY,
+        read_posts: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.get_token = get_token
+        self.read_posts = read_posts  # paths whose POST only reads (Prometheus' query API): no token
         self.limits = dict(limits or {})
         self.default_limit = default_limit
 
@@ -98,7 +107,9 @@ class ControlGuard:
             return
         headers = Headers(scope=scope)
         limit = self.limits.get(scope["path"], self.default_limit)
-        refusal = None if scope["method"] in READ_METHODS else check_bearer(headers, self.get_token())
+        method = scope["method"]
+        reads = method in READ_METHODS or (method == "POST" and scope["path"] in self.read_posts)
+        refusal = None if reads else check_bearer(headers, self.get_token())
         if refusal is None:
             refusal = _declared_length_refusal(headers.get("content-length"), limit)
         if refusal is not None:

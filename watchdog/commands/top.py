@@ -86,14 +86,18 @@ def fetch(client: httpx.Client, url: str, *, actions: int = 8, token: str | None
     """Read targets, alerts, the last `actions` audit rows, the gateway and the table's series once."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    targets = _data(_get(client, base + "/api/v1/targets", headers))
+    listing = _data(_get(client, base + "/api/v1/targets", headers))
+    try:
+        targets = [t for t in listing["activeTargets"] if "watchdog" in t]  # vLLM targets, not dcgm
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise TopError(f"{base}/api/v1/targets: not the watchdog's API") from exc
     alerts = _data(_get(client, base + "/api/v1/alerts", headers))["alerts"]
     history = _data(_get(client, f"{base}/api/v1/actions?limit={actions}", headers))
     resp = _get(client, base + "/api/v1/gateway", headers)
     gateway = _data(resp) if resp.status_code == 200 else None
     series: dict[str, list[tuple[dict[str, str], Samples]]] = {}
     for name in SERIES:
-        resp = _get(client, f"{base}/api/v1/series", headers, {"match": name})
+        resp = _get(client, f"{base}/api/v1/samples", headers, {"match": name})
         if resp.status_code == 200:
             series[name] = [(dict(s["labels"]), _samples(s["samples"])) for s in _data(resp)]
     return Snapshot(base, targets, alerts, history, gateway, series)
@@ -195,8 +199,9 @@ def _target_rows(snap: Snapshot, now: float) -> list[list[tuple[str, str | None]
     head = ("TARGET", "UP", "HEALTH", "CANARY", "RUN", "WAIT", "KV", "GEN TOK/S", "SPEC ACC")
     rows: list[list[tuple[str, str | None]]] = [[(h, "bold") for h in head]]
     for t in snap.targets:
-        name = str(t["name"])
-        up = bool(t.get("up"))
+        own = t.get("watchdog") or {}
+        name = str(own.get("name") or t.get("labels", {}).get("instance", "?"))
+        up = t.get("health") == "up"
         run = last_value(snap.of("vllm:num_requests_running", name))
         wait = last_value(snap.of("vllm:num_requests_waiting", name))
         kv = last_value(snap.of("vllm:kv_cache_usage_perc", name))
@@ -205,8 +210,8 @@ def _target_rows(snap: Snapshot, now: float) -> list[list[tuple[str, str | None]
             [
                 (name, None),
                 ("up", "green") if up else ("DOWN", "red"),
-                _probe(t.get("health"), "up"),
-                _probe(t.get("canary"), "success"),
+                _probe(own.get("healthProbe"), "up"),
+                _probe(own.get("canary"), "success"),
                 (_fmt(run, ".0f"), None),
                 (_fmt(wait, ".0f"), "yellow" if wait and wait > 0 else None),
                 (_fmt(None if kv is None else kv * 100, ".1f", "%"), None),

@@ -142,6 +142,8 @@ class Daemon:
                 self.healthy,
                 gateway=actions.gateway,
                 clock=self.clock,
+                monotonic=self.monotonic,
+                ready=lambda: self.schedule.running,  # as Prometheus: ready once started, not after a scrape
             )
         )
         self.server = api_server(app, config.listen_host, config.listen_port, self.api_listener)

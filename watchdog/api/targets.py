@@ -1,0 +1,88 @@
+"""`GET /api/v1/targets` in Prometheus 2.42's shape: each scrape target (vLLM servers, the dcgm-exporter)
+as an active target, plus the watchdog's own view of a vLLM target (probes, canary) under `watchdog`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..config.durations import format_duration
+from ..sources.monitor import Monitor
+from ..sources.scrape import ScrapeStatus, ScrapeTarget
+
+NEVER = "0001-01-01T00:00:00Z"  # Go's zero time.Time, what Prometheus shows before the first scrape
+
+
+def rfc3339(t: float | None) -> str:
+    """A unix time as Go's time.Time marshals it (RFC 3339, UTC, up to nanoseconds, no trailing zeros)."""
+    if t is None:
+        return NEVER
+    text = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
+    return text + "Z"
+
+
+def _health(st: ScrapeStatus) -> str:
+    if st.scrapes == 0:
+        return "unknown"
+    return "up" if st.up else "down"
+
+
+def _target(
+    scrape: ScrapeTarget, pool: str, labels: dict[str, str], interval: str, timeout: str
+) -> dict[str, Any]:
+    st = scrape.status
+    url = urlsplit(scrape.url)
+    return {
+        "discoveredLabels": {
+            "__address__": url.netloc,
+            "__metrics_path__": url.path or "/metrics",
+            "__scheme__": url.scheme,
+            "__scrape_interval__": interval,
+            "__scrape_timeout__": timeout,
+            "job": pool,
+        },
+        "labels": labels,
+        "scrapePool": pool,
+        "scrapeUrl": scrape.url,
+        "globalUrl": scrape.url,
+        "lastError": st.last_error or "",
+        "lastScrape": rfc3339(st.last_scrape),
+        "lastScrapeDuration": st.last_duration,
+        "health": _health(st),
+        "scrapeInterval": interval,
+        "scrapeTimeout": timeout,
+    }
+
+
+def targets_json(monitor: Monitor, scrape_pool: str = "", state: str = "") -> dict[str, Any]:
+    """`data` of /api/v1/targets: active targets by pool, filtered by `scrapePool` and `state`."""
+    g = monitor.config.global_
+    interval, timeout = format_duration(g.scrape_interval), format_duration(g.scrape_timeout)
+    state = state.lower()
+    out: list[tuple[str, dict[str, Any]]] = []
+    for rt in monitor.targets.values():
+        pool = rt.labels.get("job", "vllm")
+        entry = _target(rt.scrape, pool, dict(sorted(rt.labels.items())), interval, timeout)
+        h = rt.health.status
+        canary = rt.canary.status if rt.canary is not None else None
+        entry["watchdog"] = {  # what Prometheus has no field for
+            "name": rt.config.name,
+            "url": rt.config.url,
+            "container": rt.config.container,
+            "samples": rt.scrape.status.samples,
+            "healthProbe": {"up": h.ok, "latency": h.latency, "lastError": h.last_error},
+            "canary": None
+            if canary is None
+            else {"success": canary.ok, "latency": canary.latency, "lastError": canary.last_error},
+        }
+        out.append((pool, entry))
+    if monitor.dcgm is not None:
+        labels = {"instance": monitor.dcgm.instance, "job": "dcgm"}
+        out.append(("dcgm", _target(monitor.dcgm, "dcgm", labels, interval, timeout)))
+    active = [e for pool, e in sorted(out, key=lambda pe: pe[0]) if scrape_pool in ("", pool)]
+    # Both lists are always there; a `state` filter empties the other one.
+    return {
+        "activeTargets": active if state in ("", "any", "active") else [],
+        "droppedTargets": [],  # no relabelling drops targets here
+    }
