@@ -183,6 +183,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         actions=args.actions,
         token=os.environ.get("VLLM_WATCHDOG_TOKEN") or None,
         color=color,
+        plain=not sys.stdout.isatty(),
     )
 
 

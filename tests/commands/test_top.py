@@ -219,4 +219,4 @@ routes:
     wd.terminate()
     wd.wait(20)
     gone = _top(api)
-    assert gone.returncode == 2 and "cannot" not in gone.stdout and api in gone.stderr
+    assert gone.returncode == 4 and "cannot" not in gone.stdout and api in gone.stderr

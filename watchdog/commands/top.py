@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from ..exitcodes import EXIT_OK, EXIT_UNREACHABLE
+
 SERIES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -290,11 +292,30 @@ def _action_lines(snap: Snapshot, n: int, color: bool) -> list[str]:
     return lines + (_table(rows, color) if rows else ["  none yet"])
 
 
+def _error_lines(snap: Snapshot, color: bool) -> list[str]:
+    """Why each target is down or failing: its last scrape, health and canary errors, each text once."""
+    lines = []
+    for t in snap.targets:
+        own = t.get("watchdog") or {}
+        probes = {"health": own.get("healthProbe"), "canary": own.get("canary")}
+        seen: dict[str, list[str]] = {}
+        if t.get("lastError"):
+            seen.setdefault(str(t["lastError"]), []).append("scrape")
+        for kind, doc in probes.items():
+            if doc and doc.get("lastError"):
+                seen.setdefault(str(doc["lastError"]), []).append(kind)
+        name = str(own.get("name") or t.get("labels", {}).get("instance", "?"))
+        for error, kinds in seen.items():
+            lines.append(f"  {_paint(name, 'red', color)}  {', '.join(kinds)}: {error}")
+    return lines
+
+
 def render(snap: Snapshot, now: float, *, actions: int = 8, color: bool = False) -> str:
     """One frame of the table, from a snapshot and the current time (no I/O)."""
     head = f"vllm-watchdog top  {snap.url}  {_clock(now)}Z"
     parts = [_paint(head, "bold", color), ""]
     parts += _table(_target_rows(snap, now), color) if snap.targets else ["no targets"]
+    parts += _error_lines(snap, color)
     parts += ["", *_gateway_lines(snap, color), "", *_alert_lines(snap, now, color), ""]
     parts += _action_lines(snap, actions, color)
     return "\n".join(parts) + "\n"
@@ -309,11 +330,13 @@ def run_top(
     actions: int = 8,
     token: str | None = None,
     color: bool = False,
+    plain: bool = False,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     frames: int | None = None,
 ) -> int:
-    """Print one frame (`once`) or redraw every `interval` seconds until Ctrl-C (or `frames` frames)."""
+    """Print one frame (`once`) or redraw every `interval` seconds until Ctrl-C (or `frames` frames); `plain`
+    (stdout is no terminal: a pipe, a log) prints each frame after the last, without screen escapes."""
     shown = 0
     with httpx.Client(timeout=5.0, trust_env=False) as client:
         while True:
@@ -324,14 +347,17 @@ def run_top(
             except TopError as exc:
                 if once:
                     print(f"vllm-watchdog top: {exc}", file=sys.stderr)
-                    return 2
+                    return EXIT_UNREACHABLE
                 frame = f"vllm-watchdog top  {url}  {_clock(clock())}Z\n\ncannot read the API: {exc}\n"
-            out.write(frame if once else CLEAR + frame)
+            if once or plain:  # one frame after another, as a log
+                out.write(("\n" if shown else "") + frame)
+            else:
+                out.write(CLEAR + frame)
             out.flush()
             shown += 1
             if once or (frames is not None and shown >= frames):
-                return 0
+                return EXIT_OK
             try:
                 sleep(interval)
             except KeyboardInterrupt:
-                return 0
+                return EXIT_OK
