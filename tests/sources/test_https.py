@@ -158,7 +158,7 @@ async def test_basic_auth_from_a_file_is_checked_by_the_server_and_read_again_wh
     assert not status.up
     assert (
         status.last_error
-        == f"no credentials: cannot read password_file {tmp_path}/password: No such file or directory"
+        == f"no credentials: password_file {tmp_path}/password cannot be read: No such file or directory"
     )
 
 

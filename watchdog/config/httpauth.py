@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -32,6 +33,7 @@ TLS_VERSIONS = {
 CREDENTIAL_LIMIT = 64 * 1024  # a token or a password; a larger file is not one
 PEM_LIMIT = 1024 * 1024  # a CA bundle (the system's is about 200 KiB)
 Stat = Callable[[str], os.stat_result]
+_SSL_NOISE = re.compile(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$")  # "[SSL] PEM lib (_ssl.c:3926)"
 
 
 class CredentialError(ValueError):
@@ -75,8 +77,10 @@ class _NamedContext(ssl.SSLContext):
 
 
 def _reason(exc: BaseException) -> str:
+    """Why a file could not be used, in words: OpenSSL's reason without its codes, or the system's."""
     if isinstance(exc, ssl.SSLError):
-        return str(exc.reason or exc.strerror or "invalid PEM data").lower().replace("_", " ")
+        text = _SSL_NOISE.sub("", str(exc.reason or exc.strerror or "")).lower().replace("_", " ")
+        return "not a PEM certificate or private key" if text in ("", "pem lib") else text
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     return str(exc)
@@ -100,19 +104,23 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
         try:  # read_text refuses FIFOs and devices, which load_verify_locations would block on
             ctx.load_verify_locations(cadata=read_text(tls.ca_file, PEM_LIMIT))
         except (UnreadableFileError, ssl.SSLError, ValueError) as exc:
-            raise CredentialError(f"cannot use ca_file {tls.ca_file}: {_reason(exc)}", "ca_file") from None
+            raise CredentialError(
+                f"ca_file {tls.ca_file} cannot be used: {_reason(exc)}", "ca_file"
+            ) from None
     if tls.cert_file is not None and tls.key_file is not None:
         for key, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
             try:
                 read_text(path, PEM_LIMIT)
             except UnreadableFileError as exc:
-                raise CredentialError(f"cannot read {key} {path}: {exc}", key) from None
+                raise CredentialError(f"{key} {path} cannot be read: {exc}", key) from None
         try:
             ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_no_passphrase)
         except CredentialError as exc:
             raise CredentialError(f"key_file {tls.key_file} {exc}", "key_file") from None
         except (ssl.SSLError, OSError) as exc:
-            message = f"cannot use cert_file {tls.cert_file} with key_file {tls.key_file}: {_reason(exc)}"
+            message = (
+                f"cert_file {tls.cert_file} and key_file {tls.key_file} do not go together: {_reason(exc)}"
+            )
             raise CredentialError(message, "key_file") from None
     if tls.insecure_skip_verify:
         ctx.check_hostname = False
@@ -127,7 +135,7 @@ def read_credential(path: str, what: str) -> str:
     try:
         return read_text(path, CREDENTIAL_LIMIT).strip()
     except UnreadableFileError as exc:
-        raise CredentialError(f"cannot read {what} {path}: {exc}", what) from None
+        raise CredentialError(f"{what} {path} cannot be read: {exc}", what) from None
 
 
 def _signature(stat: Stat, path: str) -> tuple[int, ...]:
@@ -179,7 +187,7 @@ class ClientSettings:
             auth = config.authorization
             self._scheme = auth.type
             if auth.credentials_file is not None:
-                self._file = _WatchedFile(auth.credentials_file, "credentials_file", stat)
+                self._file = _WatchedFile(auth.credentials_file, auth.file_key, stat)
             else:
                 self._fixed = f"{auth.type} {auth.credentials or ''}"
 

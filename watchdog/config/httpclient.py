@@ -55,6 +55,7 @@ class Authorization:
     type: str = "Bearer"
     credentials: str | None = field(default=None, repr=False)
     credentials_file: str | None = None
+    file_key: str = "credentials_file"  # the key that named the file (bearer_token_file), for messages
 
 
 @dataclass(frozen=True)
@@ -201,4 +202,5 @@ def parse_http_client(m: Mapping[str, Node], node: Node, headers: Mapping[str, s
     if "authorization" in m:
         return HttpClientConfig(tls=tls, authorization=_authorization(m["authorization"]))
     path = _secret_file(m["bearer_token_file"], "bearer_token_file")
-    return HttpClientConfig(tls=tls, authorization=Authorization(credentials_file=path) if path else None)
+    legacy = Authorization(credentials_file=path, file_key="bearer_token_file") if path else None
+    return HttpClientConfig(tls=tls, authorization=legacy)
