@@ -47,6 +47,7 @@ SHARED_LEAVES = frozenset(
         "",  # the package: __version__
         ".background",
         ".errors",
+        ".exitcodes",
         ".failpoints",
         ".fdlimits",
         ".goregex",
