@@ -1,4 +1,4 @@
-"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay, top, reload and init."""
+"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay, top, init and reload."""
 
 # Each handler imports what only its sub-command uses: `--version`, `check` and `test-rules` (CI runs it once
 # per file) then start without the daemon, the gateway, an HTTP client or asyncio (tests/test_cli_imports.py).
@@ -195,6 +195,18 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return run_reload(args.url, token=token, pid=args.pid, err=sys.stderr, timeout=args.timeout)
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a commented starting config for the vLLM servers found on this host."""
+    from .commands.init import parse_ports, run_init
+
+    try:
+        ports = parse_ports(args.ports) if args.ports else None
+    except ValueError as exc:
+        print(f"vllm-watchdog init: --ports: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_init(args.output, sys.stdout, sys.stderr, ports=ports)
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
     """Scrape every target once and print a table of their state."""
     logs.setup("error", fmt="text")
@@ -339,6 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit (4 if unreachable)")
     top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
     top.add_argument("--no-color", action="store_true", help="no ANSI colours (none when not a terminal)")
+    init = _command(
+        sub,
+        "init",
+        cmd_init,
+        "write a starting config for the vLLM servers on this host",
+        "Find the vLLM servers on this host (TCP ports listening on loopback or every address whose /metrics "
+        "has vllm: series or whose /v1/models is vLLM's; their Docker containers when Docker answers) and "
+        "write a commented config that watches them, monitoring only, with examples of actions. Exit 0, "
+        "or 1 if FILE exists.",
+        config=False,
+    )
+    init.add_argument("--output", "-o", metavar="FILE", help="write here (never over a file); default stdout")
+    init.add_argument("--ports", help="only these ports, e.g. 8000,8080-8089 (default: every listening one)")
     reload = _command(
         sub,
         "reload",

@@ -1,0 +1,78 @@
+"""`vllm-watchdog init`: finds a (fake) vLLM listening on this host through /proc/net/tcp and a probe, writes
+a config that `check` passes, monitoring only, and never overwrites a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.faultserver import FaultServer
+from tests.support.vllm_server import ROOT
+from vllm_watchdog.cli import main
+from vllm_watchdog.commands.discover import listening
+from vllm_watchdog.commands.init import parse_ports
+from vllm_watchdog.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+METRICS = (ROOT / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt").read_text()
+
+TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0A00000A:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 0100007F:1F42 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 4 1
+"""
+TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue
+   0: 00000000000000000000000001000000:1F43 00000000000000000000000000000000:0000 0A 00000000:00000000
+   1: 00000000000000000000000000000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000
+   2: 000080FE00000000FF005452E3A2C1FE:1F44 00000000000000000000000000000000:0000 0A 00000000:00000000
+"""
+
+
+def test_listening_sockets_on_loopback_or_every_address_are_candidates() -> None:
+    # 8000 on 127.0.0.1 (and on :: too: asked on 127.0.0.1), 8080 on 0.0.0.0, 8003 on ::1; not 8001 on
+    # 10.0.0.10, not 8002 (an established connection), not 8004 on a link-local address
+    assert listening([("4", TCP), ("6", TCP6)]) == {8000: "127.0.0.1", 8080: "127.0.0.1", 8003: "[::1]"}
+
+
+def test_init_finds_a_fake_vllm_and_check_passes_on_what_it_wrote(
+    tmp_path: Path, fault: FaultServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fault.vllm_like(METRICS, model="tiny-llama")
+    out = tmp_path / "watchdog.yml"
+    # --ports: only the fake is asked, not the servers other tests run on this host meanwhile
+    assert main(["init", "-o", str(out), "--ports", f"{fault.port},1-3"]) == EXIT_OK
+    text = out.read_text()
+    assert f"url: http://127.0.0.1:{fault.port}" in text and "# serves tiny-llama" in text
+    assert "Found 1 vLLM server listening" in text
+    assert "\nactions:" not in text and "\nroutes:" not in text and "\ninclude:" not in text  # watch only
+    assert "# routes:" in text and "# include:" in text  # the examples, commented
+    assert f"found vLLM at http://127.0.0.1:{fault.port}" in capsys.readouterr().err
+    assert main(["check", str(out)]) == EXIT_OK
+    assert f"{out}: OK: 1 targets" in capsys.readouterr().out
+
+    out.write_text("mine\n")
+    assert main(["init", "-o", str(out), "--ports", str(fault.port)]) == EXIT_FAILED
+    assert out.read_text() == "mine\n" and "not overwritten" in capsys.readouterr().err
+
+
+def test_a_server_that_is_not_vllm_is_left_out(
+    tmp_path: Path, fault: FaultServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fault.set("/metrics", "# TYPE http_requests_total counter\nhttp_requests_total 3\n")
+    fault.set("/v1/models", {"object": "list", "data": [{"id": "other", "owned_by": "llamacpp"}]})
+    assert main(["init", "--ports", str(fault.port)]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "No vLLM answered" in text and "url: http://127.0.0.1:8000" in text
+    out = tmp_path / "c.yml"
+    out.write_text(text)
+    assert main(["check", str(out)]) == EXIT_OK
+
+
+def test_port_lists() -> None:
+    assert parse_ports("8000,8080-8082") == {8000, 8080, 8081, 8082}
+    with pytest.raises(ValueError, match="not a port"):
+        parse_ports("0-5")
+    assert main(["init", "--ports", "eighty"]) == EXIT_USAGE
