@@ -49,7 +49,9 @@ def test_every_key_parses_into_frozen_settings_with_paths_relative_to_the_file(
         server_name="vllm.internal",
         min_version="TLS13",
     )
-    assert http.authorization == Authorization(credentials_file=f"{tmp_path}/token", file_key="bearer_token_file")  # legacy: a Bearer
+    assert http.authorization == Authorization(
+        credentials_file=f"{tmp_path}/token", file_key="bearer_token_file"
+    )  # legacy: a Bearer
     assert ClientSettings(http).authorization() == "Bearer file-token-abcdef"  # trimmed, as Prometheus
     assert load(tmp_path, target()).targets[0].http == HttpClientConfig()
 
@@ -119,6 +121,11 @@ def test_every_key_parses_into_frozen_settings_with_paths_relative_to_the_file(
             {"tls_config": {"cert_file": "{pki}/client.pem", "key_file": "{pki}/test-ca.pem"}},
             "4: targets[0].tls_config.key_file: cert_file {pki}/client.pem and key_file {pki}/test-ca.pem do not "
             "go together: not a PEM certificate or private key",
+        ),
+        (
+            {"tls_config": {"cert_file": "{pki}/client.pem", "key_file": "{pki}/client-encrypted.key"}},
+            "4: targets[0].tls_config.key_file: key_file {pki}/client-encrypted.key is encrypted; give the watchdog "
+            "an unencrypted key",
         ),
         (
             {"tls_config": {"min_version": "TLS9"}},

@@ -23,6 +23,7 @@ class Pki:
     named_key: Path
     client_cert: Path  # a client certificate for mTLS
     client_key: Path
+    client_key_encrypted: Path  # the same key under a passphrase
 
     def server_context(self, *, named: bool = False, require_client_cert: bool = False) -> ssl.SSLContext:
         """A server-side context; with require_client_cert it refuses clients without a certificate of our CA."""
@@ -80,4 +81,18 @@ def make_pki(directory: Path) -> Pki:
     )
     named = _leaf(directory, "named", ca, "subjectAltName=DNS:vllm.internal\nextendedKeyUsage=serverAuth\n")
     client = _leaf(directory, "client", ca, "extendedKeyUsage=clientAuth\n")
-    return Pki(directory, ca[0], other, server[0], server[1], named[0], named[1], client[0], client[1])
+    encrypted = directory / "client-encrypted.key"
+    _openssl(
+        "ec",
+        "-in",
+        client[1],
+        "-aes256",
+        "-passout",
+        "pass:test-passphrase",
+        "-out",
+        encrypted,
+        cwd=directory,
+    )
+    return Pki(
+        directory, ca[0], other, server[0], server[1], named[0], named[1], client[0], client[1], encrypted
+    )
