@@ -90,6 +90,7 @@ class QueryGate:
 
 
 def _deadline(monotonic: Callable[[], float], seconds: float) -> Callable[[], None]:
+    # Made when the query starts to run: the time it waited for its turn does not count.
     end = monotonic() + seconds
 
     def tick() -> None:
@@ -176,9 +177,9 @@ def query_routes(options: QueryOptions) -> list[Route]:
 
     async def query(form: Form, path: dict[str, str]) -> Response:
         at = parse_time(form.get("time"), "time") if form.get("time") else options.clock()
-        tick = _deadline(options.monotonic, _timeout(form))
+        seconds = _timeout(form)
         expr = compiled(form.get("query"), prefix=True)
-        return await evaluate(lambda: engine().query(expr, at, tick=tick))
+        return await evaluate(lambda: engine().query(expr, at, tick=_deadline(options.monotonic, seconds)))
 
     async def query_range(form: Form, path: dict[str, str]) -> Response:
         start = parse_time(form.get("start"), "start")
@@ -197,14 +198,16 @@ def query_routes(options: QueryOptions) -> list[Route]:
                 "exceeded maximum resolution of 11,000 points per timeseries. "
                 "Try decreasing the query resolution (?step=XX)",
             )
-        tick = _deadline(options.monotonic, _timeout(form))
+        seconds = _timeout(form)
         expr = compiled(form.get("query"), prefix=False)
         kind = compile_plan(expr).kind
         if kind not in ("vector", "scalar"):
             name = "range vector" if kind == "matrix" else kind
             message = f'invalid expression type "{name}" for range query, must be Scalar or instant Vector'
             raise ApiError("bad_data", message)
-        return await evaluate(lambda: engine().query_range(expr, start, end, step, tick=tick))
+        return await evaluate(
+            lambda: engine().query_range(expr, start, end, step, tick=_deadline(options.monotonic, seconds))
+        )
 
     async def matching(form: Form, limit: int | None) -> list[Labels]:
         """The label sets of the stored series that a match[] selector picks (every series if there is none
