@@ -10,6 +10,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ..listener import Listener, ListenerLimits
+from .promjson import ERROR_STATUS
 
 # The own API serves a few scrapers, probes and operators: a small cap, and headers within 10 s.
 API_LIMITS = ListenerLimits(max_connections=512, header_timeout=10.0)
@@ -25,7 +26,8 @@ class _EmbeddedServer(uvicorn.Server):
 
 def api_error_body(status: int, reason: str, message: str) -> bytes:
     """The own API's JSON error (as control.error_response writes it), for the listener's refusals."""
-    return json.dumps({"status": "error", "error": message, "reason": reason}).encode()
+    kind = {s: k for k, s in ERROR_STATUS.items()}.get(status, "error")
+    return json.dumps({"status": "error", "errorType": kind, "error": message, "reason": reason}).encode()
 
 
 def api_server(app: Starlette, host: str, port: int, listener: Listener) -> uvicorn.Server:
