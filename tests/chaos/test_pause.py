@@ -152,7 +152,7 @@ notifiers:
         resp = httpx.post(f"{vllm}/pause", params={"mode": mode}, timeout=60)
         assert resp.status_code == 200, resp.text
         threads.append(in_background(gateway + "/v1/completions", BODY, held))  # arrives during the pause
-        seen = b'vllm_watchdog_engine_paused{instance="vllm-p",job="vllm"} 1.0'
+        seen = f'vllm_watchdog_engine_paused{{instance="127.0.0.1:{vport}",job="vllm",target="vllm-p"}} 1.0'.encode()
         while seen not in httpx.get(base + "/metrics", timeout=5).content:
             assert time.monotonic() < paused_at + 10, "the watchdog did not see the pause"
             time.sleep(0.2)

@@ -89,8 +89,10 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
                     f"no alert; targets: {listing}; most waiting seen: {waiting}; {vllm_server.log_tail()}"
                 ) from None
             (alert,) = firing(alerts, "QueueBacklog")
-            assert alert["labels"]["instance"] == "vllm-0" and alert["labels"]["severity"] == "warning"
-            assert alert["annotations"]["summary"].startswith("vllm-0 has ")
+            hostport = vllm_server.url.removeprefix("http://").rstrip("/")  # Prometheus' instance label
+            assert alert["labels"]["instance"] == hostport and alert["labels"]["severity"] == "warning"
+            assert alert["labels"]["job"] == "vllm" and alert["labels"]["target"] == "vllm-0"
+            assert alert["annotations"]["summary"].startswith(f"{hostport} has ")
             assert float(alert["value"]) > 2
             metrics = (await client.get(base + "/metrics")).text
             assert 'ALERTS{alertname="QueueBacklog",alertstate="firing"' in metrics

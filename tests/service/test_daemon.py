@@ -67,7 +67,7 @@ async def daemon(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Daem
     await asyncio.wait_for(task, 10)
 
 
-async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]) -> None:
+async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path], fault: FaultServer) -> None:
     _, base, _ = daemon
     async with httpx.AsyncClient() as client:
         answer = await wait_for(
@@ -80,13 +80,15 @@ async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]
         row = targets(answer)[0]
         assert row["name"] == "vllm-0" and row["last_error"] == "" and row["samples"] == 2
         r = await client.get(
-            base + "/api/v1/samples", params={"match": 'vllm:num_requests_waiting{instance="vllm-0"}'}
+            base + "/api/v1/samples", params={"match": 'vllm:num_requests_waiting{target="vllm-0"}'}
         )
         (series,) = r.json()["data"]
+        hostport = fault.url.removeprefix("http://").rstrip("/")  # as Prometheus labels a scrape of it
         assert series["labels"] == {
             "__name__": "vllm:num_requests_waiting",
-            "instance": "vllm-0",
+            "instance": hostport,
             "job": "vllm",
+            "target": "vllm-0",
             "model_name": "m",
         }
         assert series["samples"][-1][1] == "3.0"
@@ -96,8 +98,9 @@ async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]
         assert bad.status_code == 400 and "not a plain series selector" in bad.json()["error"]
         assert (await client.get(base + "/api/v1/series")).status_code == 400
         metrics = (await client.get(base + "/metrics")).text
-        assert 'vllm_watchdog_target_up{instance="vllm-0",job="vllm"} 1.0' in metrics
-        assert 'vllm_watchdog_canary_success{instance="vllm-0",job="vllm"} 1.0' in metrics
+        assert f'vllm_watchdog_target_up{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
+        assert f'vllm_watchdog_canary_success{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
+        assert f'vllm_watchdog_target_info{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
         assert "vllm_watchdog_build_info{" in metrics and "vllm_watchdog_store_series" in metrics
         assert (await client.get(base + "/healthz")).json() == {"status": "ok"}
 

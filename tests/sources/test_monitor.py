@@ -135,8 +135,9 @@ async def test_out_of_bounds_samples_are_warned_once_and_exported(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WatchdogCollector(mon, DaemonCounters()))
     text = generate_latest(registry).decode()
-    assert 'vllm_watchdog_scrape_samples_out_of_bounds_total{instance="t",job="vllm"} 10.0' in text
-    assert 'vllm_watchdog_target_up{instance="t",job="vllm"} 1.0' in text
+    labels = f'instance="{fault.url.removeprefix("http://")}",job="vllm",target="t"'  # Prometheus' instance
+    assert f"vllm_watchdog_scrape_samples_out_of_bounds_total{{{labels}}} 10.0" in text
+    assert f"vllm_watchdog_target_up{{{labels}}} 1.0" in text
     await mon.aclose()
 
 

@@ -120,7 +120,9 @@ async def test_in_process_rules_see_the_watchdogs_own_metrics(tmp_path: Path, fa
             by_name = {a["labels"]["alertname"]: a["labels"] for a in alerts["data"]["alerts"]}  # type: ignore[index]
             assert by_name["ReloadedFine"]["job"] == "vllm-watchdog"
             assert by_name["ReloadedFine"]["instance"] == f"127.0.0.1:{port}"
-            assert (by_name["ScrapedVllm"]["job"], by_name["ScrapedVllm"]["instance"]) == ("vllm", "vllm-0")
+            scraped = by_name["ScrapedVllm"]
+            hostport = fault.url.removeprefix("http://")  # Prometheus' instance of the scrape, and the name
+            assert (scraped["job"], scraped["instance"], scraped["target"]) == ("vllm", hostport, "vllm-0")
             # only the families the rules read are stored
             series = await client.get(base + "/api/v1/series", params={"match": "vllm_watchdog_store_series"})
             assert series.json()["data"] == []

@@ -107,7 +107,7 @@ class ActionPlane:
             link = options.gateway_link(config.gateway, config.state_dir)
             queue_time = (
                 "histogram_quantile(0.9, sum by (le) "
-                f'(rate(vllm:request_queue_time_seconds_bucket{{instance="{target}"}}[30s])))'
+                f'(rate(vllm:request_queue_time_seconds_bucket{{target="{target}"}}[30s])))'
             )
             self.gateway = GatewayControl(
                 config.gateway,
@@ -165,7 +165,7 @@ class ActionPlane:
     def running_requests(self, target: str) -> float | None:
         """Requests a target is serving as vLLM reports them: vllm:num_requests_running from the sample
         store, None if unknown (the drain adds the gateway's own count: flows._running)."""
-        return self.query_value(f'sum(vllm:num_requests_running{{instance="{target}"}})')
+        return self.query_value(f'sum(vllm:num_requests_running{{target="{target}"}})')
 
     async def start(self) -> None:
         """Start the gateway (if any); reconcile actions a killed watchdog left in flight, then make sure

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
 
 from ..config.targets import TargetConfig
 from ..matchers import matches_all
@@ -35,17 +34,12 @@ def route(routes: Sequence[RouteConfig], labels: Mapping[str, str]) -> list[str]
     return out
 
 
-def _hostport(url: str) -> str:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.hostname}:{port}"
-
-
 def target_of(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> TargetConfig | None:
     """The configured target an alert is about.
 
-    `target` or `instance` may hold the target's name (what the embedded evaluator writes) or its host:port
-    (what a central Prometheus scraping the server writes). With one target and no such label, it is that one.
+    `target` holds the target's name (the watchdog's series carry it), `instance` its host:port (Prometheus'
+    own instance label, which the watchdog writes too) or, in alerts of older rules, its name. With one
+    target and no such label, it is that one.
     A `container`, `name` or `unit` label must name that target's own container or unit, or it is none.
     """
     found = _named(labels, targets)
@@ -60,7 +54,7 @@ def _named(labels: Mapping[str, str], targets: Sequence[TargetConfig]) -> Target
         if not value:
             continue
         for t in targets:
-            if value in (t.name, _hostport(t.url)):
+            if value in (t.name, t.instance):
                 return t
         return None  # names a server we do not manage: never guess
     return targets[0] if len(targets) == 1 else None

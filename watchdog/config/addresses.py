@@ -24,3 +24,12 @@ def http_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise ValueError(f"must be an http(s) URL, got {text!r}")
     return text
+
+
+def scrape_address(url: str) -> str:
+    """Prometheus' `instance` of a target scraped at `url`: host:port as written, default port added."""
+    parts = urlsplit(url)
+    hostport = parts.netloc.rpartition("@")[2]
+    if parts.port is None:
+        hostport = hostport.rstrip(":") + (":443" if parts.scheme == "https" else ":80")
+    return hostport

@@ -21,7 +21,7 @@ from .durations import parse_duration, parse_size
 from .files import UnreadableFileError, read_text, resolve_bundled
 from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, TlsConfig, parse_http_client
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
-from .targets import TargetConfig, parse_target
+from .targets import DEFAULT_JOB, TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
@@ -40,6 +40,7 @@ class GlobalConfig:
     lookback_delta: float = 300.0
     keep_unreferenced: bool = False  # store families no rule reads (memory grows with targets)
     external_labels: Mapping[str, str] = field(default_factory=dict)  # added to alerts, as in Prometheus
+    job: str = DEFAULT_JOB  # the `job` label of every target that does not name its own
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _global(node: Node) -> GlobalConfig:
     d = GlobalConfig()
     m = node.mapping(
         {"scrape_interval", "scrape_timeout", "evaluation_interval", "sample_limit"}
-        | {"body_size_limit", "lookback_delta", "keep_unreferenced", "external_labels"}
+        | {"body_size_limit", "lookback_delta", "keep_unreferenced", "external_labels", "job"}
     )
     if m is None:
         return d
@@ -167,6 +168,9 @@ def _global(node: Node) -> GlobalConfig:
     body = m["body_size_limit"].parsed(parse_size) if "body_size_limit" in m else None
     lookback = _positive_duration(m, "lookback_delta")
     keep = m["keep_unreferenced"].boolean() if "keep_unreferenced" in m else None
+    job = m["job"].string() if "job" in m else None
+    if "job" in m and not job:
+        m["job"].error("must not be empty")
     return GlobalConfig(
         scrape_interval=interval,
         scrape_timeout=timeout or min(interval, 10.0),
@@ -176,6 +180,7 @@ def _global(node: Node) -> GlobalConfig:
         lookback_delta=lookback or d.lookback_delta,
         keep_unreferenced=bool(keep),
         external_labels=_external_labels(m["external_labels"]) if "external_labels" in m else {},
+        job=job or d.job,
     )
 
 
@@ -261,9 +266,10 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         raise ConfigError(_masked(problems))
     base = Path(source).parent if source != DEFAULTS_NAME else bundled_rules_dir()
     listen = top["listen"].parsed(parse_listen) if "listen" in top else None
+    global_ = _global(top["global"]) if "global" in top else GlobalConfig()
     targets: list[TargetConfig] = []
     for item in top["targets"].items() if "targets" in top else []:
-        target = parse_target(item)
+        target = parse_target(item, global_.job)
         if target is not None and any(t.name == target.name for t in targets):
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
@@ -282,7 +288,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
     )
     cfg = Config(
         source=source,
-        global_=_global(top["global"]) if "global" in top else GlobalConfig(),
+        global_=global_,
         listen_host=listen[0] if listen else "127.0.0.1",
         listen_port=listen[1] if listen else 9460,
         api_token=(top["api_token"].scalar() or None) if "api_token" in top else None,

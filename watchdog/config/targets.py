@@ -6,12 +6,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .addresses import http_url
+from .addresses import http_url, scrape_address
 from .durations import parse_duration
 from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, parse_http_client
 from .yamlnodes import Node
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_JOB = "vllm"
+# Labels every series of a target carries, set by the watchdog: a target's `labels:` cannot set them.
+TARGET_LABELS = ("job", "instance", "target")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class TargetConfig:
 
     name: str
     url: str
+    job: str = DEFAULT_JOB  # the `job` label, as the operator's Prometheus names its scrape job for vLLM
     container: str | None = None
     metrics_path: str = "/metrics"
     health_path: str = "/health"
@@ -54,6 +58,16 @@ class TargetConfig:
         if self.command:
             return "process"
         return "systemd" if self.unit else None
+
+    @property
+    def instance(self) -> str:
+        """The `instance` label: host:port of the URL, as Prometheus derives it from the scrape address."""
+        return scrape_address(self.url)
+
+    @property
+    def series_labels(self) -> dict[str, str]:
+        """The labels of every series the watchdog stores for this target (scraped and probed)."""
+        return {**self.labels, "job": self.job, "instance": self.instance, "target": self.name}
 
     @property
     def metrics_url(self) -> str:
@@ -90,9 +104,18 @@ def parse_canary(node: Node) -> CanaryConfig:
     )
 
 
-def parse_target(node: Node) -> TargetConfig | None:
-    """One item of `targets:`; None when it is unusable (its problems are recorded)."""
-    keys = {"name", "url", "container", "metrics_path", "health_path", "health_timeout", "health_probe"}
+def parse_target(node: Node, job: str = DEFAULT_JOB) -> TargetConfig | None:
+    """One item of `targets:`, with `job` unless it names its own; None when unusable (problems recorded)."""
+    keys = {
+        "name",
+        "url",
+        "job",
+        "container",
+        "metrics_path",
+        "health_path",
+        "health_timeout",
+        "health_probe",
+    }
     m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"} | HTTP_CLIENT_KEYS)
     if m is None:
         return None
@@ -114,9 +137,12 @@ def parse_target(node: Node) -> TargetConfig | None:
         paths[key] = value or getattr(d, key)
     timeout = m["health_timeout"].parsed(parse_duration) if "health_timeout" in m else None
     labels = m["labels"].string_map() if "labels" in m else None
-    for reserved in ("job", "instance"):
+    for reserved in TARGET_LABELS:
         if labels and reserved in labels:
             m["labels"].error(f"must not set {reserved!r}; it is derived from the target")
+    own_job = m["job"].string() if "job" in m else None
+    if "job" in m and not own_job:
+        m["job"].error("must not be empty")
     canary = parse_canary(m["canary"]) if "canary" in m else d.canary
     probe = m["health_probe"].boolean() if "health_probe" in m else None
     container = m["container"].string() if "container" in m else None
@@ -133,6 +159,7 @@ def parse_target(node: Node) -> TargetConfig | None:
     return TargetConfig(
         name=name,
         url=url,
+        job=own_job or job,
         container=container,
         metrics_path=paths["metrics_path"],
         health_path=paths["health_path"],

@@ -117,7 +117,7 @@ class WatchdogCollector(Collector):
             yield from _state(health, alerts)
 
     def _scrapes(self, m: Monitor) -> Iterator[Metric]:
-        labels = ["job", "instance"]
+        labels = ["job", "instance", "target"]  # the scraped series' own; target is "" (absent) for dcgm
         up = GaugeMetricFamily("vllm_watchdog_target_up", "1 if the last scrape succeeded.", labels=labels)
         total = CounterMetricFamily("vllm_watchdog_scrapes", "Scrapes attempted.", labels=labels)
         errors = CounterMetricFamily(
@@ -134,9 +134,16 @@ class WatchdogCollector(Collector):
             "Samples dropped for a timestamp over 1h old or 10m ahead (as Prometheus drops them).",
             labels=labels,
         )
+        info = GaugeMetricFamily(
+            "vllm_watchdog_target_info",
+            "1 per watched target: its name (target), and the job and instance of its scraped series.",
+            labels=labels,
+        )
         scrapers = [rt.scrape for rt in m.targets.values()] + ([m.dcgm] if m.dcgm else [])
+        for rt in m.targets.values():
+            info.add_metric([rt.config.job, rt.config.instance, rt.config.name], 1)
         for s in scrapers:
-            key = [s.job, s.instance]
+            key = [s.job, s.instance, s.extra_labels.get("target", "")]
             st = s.status
             up.add_metric(key, 1 if st.up else 0)
             total.add_metric(key, st.scrapes)
@@ -145,10 +152,10 @@ class WatchdogCollector(Collector):
             duration.add_metric(key, st.last_duration)
             count.add_metric(key, st.samples)
             out_of_bounds.add_metric(key, st.out_of_bounds_total)
-        yield from (up, total, errors, duration, count, out_of_bounds)
+        yield from (info, up, total, errors, duration, count, out_of_bounds)
 
     def _probes(self, m: Monitor) -> Iterator[Metric]:
-        labels = ["job", "instance"]
+        labels = ["job", "instance", "target"]
         fams = {
             name: GaugeMetricFamily(name, doc, labels=labels)
             for name, doc in (
@@ -172,7 +179,7 @@ class WatchdogCollector(Collector):
             )
         }
         for rt in m.targets.values():
-            key = ["vllm", rt.config.name]
+            key = [rt.config.job, rt.config.instance, rt.config.name]
             h = rt.health.status
             if h.ok is not None:
                 fams["vllm_watchdog_health_up"].add_metric(key, 1 if h.ok else 0)

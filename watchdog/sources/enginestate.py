@@ -134,13 +134,13 @@ class EngineStateProbe:
         return ""
 
 
-def asleep_in_store(store: SampleStore, instance: str, now: float, lookback: float) -> str:
-    """Why the engine is asleep, by `vllm:engine_sleep_state` of the last scrape; "" if awake or unknown."""
+def asleep_in_store(store: SampleStore, target: str, now: float, lookback: float) -> str:
+    """Why the target's engine is asleep, by its `vllm:engine_sleep_state`; "" if awake or unknown."""
     t_ms, lookback_ms = int(now * 1000), int(lookback * 1000)
     asleep = []
     for series in store.select(SLEEP_STATE):
         labels = dict(series.labels)
-        if labels.get("instance") != instance or labels.get("sleep_state") != "awake":
+        if labels.get("target") != target or labels.get("sleep_state") != "awake":
             continue
         last = series.at(t_ms, lookback_ms)
         if last is not None and last[1] == 0.0:

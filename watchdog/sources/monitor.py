@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
+from ..config.addresses import scrape_address
 from ..config.httpauth import ClientSettings, CredentialError, sign
 from ..config.httpclient import HttpClientConfig
 from ..config.model import Config
@@ -143,7 +143,7 @@ class Monitor:
             self.dcgm = None
         if config.gpus.dcgm_url and self.dcgm is None:
             url = config.gpus.dcgm_url
-            self.dcgm = self._scraper(config, url, "dcgm", _hostport(url), keep, {})
+            self.dcgm = self._scraper(config, url, "dcgm", scrape_address(url), keep, {})
         self.keep_names = keep_names
         self.config, self.rules = config, rules
 
@@ -197,11 +197,12 @@ class Monitor:
     ) -> TargetRuntime:
         settings = ClientSettings(tc.http) if tc.http != HttpClientConfig() else None
         client, tls = self._client(tc.name, settings)
-        scrape = self._scraper(config, tc.metrics_url, "vllm", tc.name, keep, dict(tc.labels), settings)
+        own = {**tc.labels, "target": tc.name}  # job and instance are the scrape's own
+        scrape = self._scraper(config, tc.metrics_url, tc.job, tc.instance, keep, own, settings)
         health = HealthProbe(tc.health_url, tc.health_timeout, self.monotonic, settings=settings)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
         state = EngineStateProbe(tc.url, client, tc.health_timeout, self.monotonic)
-        labels = {**tc.labels, "job": "vllm", "instance": tc.name}
+        labels = tc.series_labels
         return TargetRuntime(tc, scrape, client, health, canary, state, labels, settings, tls)
 
     def _client(
@@ -244,9 +245,9 @@ class Monitor:
             self.recorder.record_probe(
                 t=now,
                 probe=kind,
-                job="vllm",
-                instance=rt.config.name,
-                labels=dict(rt.config.labels),
+                job=rt.config.job,
+                instance=rt.config.instance,
+                labels={**rt.config.labels, "target": rt.config.name},
                 ok=bool(st.ok),
                 latency=st.latency,
                 error=st.last_error,
@@ -345,8 +346,3 @@ class Monitor:
     def gc(self, now: float) -> int:
         """Trim the store to its retention."""
         return self.store.gc(now)
-
-
-def _hostport(url: str) -> str:
-    parts = urlsplit(url)
-    return parts.netloc or url
