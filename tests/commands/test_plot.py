@@ -190,7 +190,7 @@ def test_cli_replay_plot_and_its_errors(recording: tuple[Path, Path, Path], tmp_
     assert png_size(out)[0] >= 900
 
     no_plot = subprocess.run([*base, "--audit", str(state)], capture_output=True, text=True)
-    assert no_plot.returncode == 1 and "--plot" in no_plot.stderr
+    assert no_plot.returncode == 2 and "--plot" in no_plot.stderr
     missing = subprocess.run(
         [*base, "--plot", str(out), "--audit", str(tmp_path / "nowhere")], capture_output=True, text=True
     )
