@@ -91,7 +91,7 @@ class ActionPlane:
             config.notifiers,
             os.path.join(state, NOTIFY_DB) if state else None,
             self.client,
-            external_url=f"http://{config.listen_host}:{config.listen_port}",
+            external_url=config.web_external_url,
             clock=clock,
             state_health=self.health,
             tls_client=lambda tls: options.client_factory(None, tls),

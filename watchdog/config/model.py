@@ -6,10 +6,12 @@ import glob
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..actions.config import ActionConfig, RouteConfig
 from ..errors import ConfigError, Problem
@@ -25,6 +27,9 @@ from .targets import DEFAULT_JOB, TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
+# Where a relative `runbook_url` annotation (the bundled rules' `docs/runbooks.md#...`) resolves by default:
+# this project's repository root on GitHub. Point `runbook_base_url` at your own copy or docs site instead.
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/vllm-watchdog/vllm-watchdog/blob/main/"
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -80,10 +85,18 @@ class Config:
     actions: Mapping[str, ActionConfig] = field(default_factory=dict)
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
+    # The watchdog's own URL as people reach it (Prometheus' --web.external-url): alerts' generatorURL.
+    external_url: str = ""  # "": Prometheus' default for the listen address (web_external_url)
+    runbook_base_url: str = ""  # a relative runbook_url annotation resolves against it; "": left as is
     gateway: GatewayConfig | None = None  # None: no admission gateway
     # Values substituted from the environment into secret fields or from secret-named variables, and the
     # passwords and tokens read from credential files at load.
     env_secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def web_external_url(self) -> str:
+        """`external_url`, or http://<listen host>:<port> when the config sets none (as Prometheus does)."""
+        return self.external_url or default_external_url(self.listen_host, self.listen_port)
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -94,6 +107,22 @@ class Config:
             return ipaddress.ip_address(self.listen_host).is_loopback
         except ValueError:
             return False
+
+
+def default_external_url(host: str, port: int) -> str:
+    """Prometheus' default --web.external-url: http://<host>:<port>, the machine's name for any address."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _external_url(node: Node) -> str | None:
+    """An http(s) URL with no query or fragment, without its trailing slash (as Prometheus keeps it)."""
+    url = node.parsed(http_url)
+    if url is not None and (urlsplit(url).query or urlsplit(url).fragment):
+        node.error("must not have a query or fragment")
+        return None
+    return None if url is None else url.rstrip("/")
 
 
 def bundled_rules_dir() -> Path:
@@ -250,6 +279,8 @@ TOP_LEVEL_KEYS = {
     "dry_run",
     "gateway",
     "include",
+    "external_url",
+    "runbook_base_url",
 }
 
 
@@ -302,6 +333,9 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         notifiers=notifiers,
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
         gateway=gateway,
+        external_url=(_external_url(top["external_url"]) if "external_url" in top else None) or "",
+        runbook_base_url=(top["runbook_base_url"].parsed(http_url) if "runbook_base_url" in top else None)
+        or DEFAULT_RUNBOOK_BASE_URL,
         env_secrets=tuple(problems.secrets),
     )
     if problems.items:

@@ -14,8 +14,9 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urljoin
 
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc
@@ -109,6 +110,7 @@ class AlertingRule:
         *,
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
+        runbook_base: str = "",
     ) -> None:
         self.rule = rule
         self.name = rule.name
@@ -116,6 +118,7 @@ class AlertingRule:
         self.keep_firing_ms = round(rule.keep_firing_for * 1000)
         self.external_labels = dict(external_labels or {})
         self.external_url = external_url
+        self.runbook_base = runbook_base  # "": a relative runbook_url annotation stays as it is
         self.label_templates = {k: Expander(v, rule.name) for k, v in rule.labels.items()}
         self.annotation_templates = {k: Expander(v, rule.name) for k, v in rule.annotations.items()}
         self._expanded_with = (dict(self.external_labels), external_url)
@@ -152,6 +155,8 @@ class AlertingRule:
                 _set(pairs, name, value)
             pairs["alertname"] = self.name
             annotations = self._expand(self.annotation_templates, labels, series, sample.value)
+            if self.runbook_base and "runbook_url" in annotations:
+                annotations["runbook_url"] = resolve_runbook(self.runbook_base, annotations["runbook_url"])
             key: Labels = tuple(sorted(pairs.items()))
             if key in fresh:
                 raise QueryError("vector contains metrics with the same labelset after applying alert labels")
@@ -268,6 +273,12 @@ class AlertingRule:
                 )
             )
         return out
+
+
+@lru_cache(maxsize=1024)
+def resolve_runbook(base: str, url: str) -> str:
+    """A runbook link made absolute against `base` (a directory: its trailing slash is implied)."""
+    return urljoin(base if base.endswith("/") else base + "/", url)
 
 
 def alert_json(alert: Alert) -> dict[str, Any]:

@@ -75,6 +75,8 @@ class RuleEvaluation:
             store,
             default_interval=config.global_.evaluation_interval,
             external_labels=config.global_.external_labels,
+            external_url=config.web_external_url,
+            runbook_base=config.runbook_base_url,
             state_path=state,
         )
 
@@ -90,7 +92,14 @@ class RuleEvaluation:
                 self.remote.close()
             self.remote = _remote(config)
         self.config, self.groups = config, groups
-        self.manager.update(groups, vector_query(self.engine), config.global_.evaluation_interval)
+        self.manager.update(
+            groups,
+            vector_query(self.engine),
+            config.global_.evaluation_interval,
+            external_labels=config.global_.external_labels,
+            external_url=config.web_external_url,
+            runbook_base=config.runbook_base_url,
+        )
 
     def group_keys(self) -> list[tuple[str, str]]:
         """(file, name) of every group, in file order."""

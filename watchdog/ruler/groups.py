@@ -103,13 +103,16 @@ class Group:
         store: SampleStore,
         external_labels: Mapping[str, str],
         external_url: str,
+        runbook_base: str = "",
     ) -> None:
         self.spec = spec
         self.key: GroupKey = (spec.file, spec.name)
         self.interval = interval
         self.store = store
         self.rules: list[AnyRule] = [
-            AlertingRule(r, external_labels=external_labels, external_url=external_url)
+            AlertingRule(
+                r, external_labels=external_labels, external_url=external_url, runbook_base=runbook_base
+            )
             if r.kind == "alert"
             else RecordingRule(r)
             for r in spec.rules
@@ -226,6 +229,7 @@ class RuleManager:
         default_interval: float,
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
+        runbook_base: str = "",
         state_path: Path | None = None,
         resend_delay: float = 60.0,
         outage_tolerance: float = OUTAGE_TOLERANCE,
@@ -238,6 +242,7 @@ class RuleManager:
         self.default_interval = default_interval
         self.external_labels = dict(external_labels or {})
         self.external_url = external_url
+        self.runbook_base = runbook_base  # a relative runbook_url annotation resolves against it
         self.resend_delay_ms = round(resend_delay * 1000)
         self.clock = clock
         self.groups: dict[GroupKey, Group] = {}
@@ -261,7 +266,7 @@ class RuleManager:
 
     def _build(self, spec: RuleGroup) -> Group:
         interval = spec.interval if spec.interval is not None else self.default_interval
-        return Group(spec, interval, self.store, self.external_labels, self.external_url)
+        return Group(spec, interval, self.store, self.external_labels, self.external_url, self.runbook_base)
 
     def update(
         self,
@@ -271,6 +276,7 @@ class RuleManager:
         *,
         external_labels: Mapping[str, str] | None = None,
         external_url: str | None = None,
+        runbook_base: str | None = None,
     ) -> None:
         """Replace the groups; unchanged ones keep running, changed ones take over matching rules' state."""
         if query is not None:
@@ -282,6 +288,8 @@ class RuleManager:
             self.external_labels, rebuild = dict(external_labels), True
         if external_url is not None and external_url != self.external_url:
             self.external_url, rebuild = external_url, True
+        if runbook_base is not None and runbook_base != self.runbook_base:
+            self.runbook_base, rebuild = runbook_base, True
         old, new = self.groups, {}
         for spec in groups:
             group = self._build(spec)
