@@ -76,6 +76,9 @@ READS = (
     "/api/v1/samples?match=" + '{__name__=~"vllm_watchdog_gateway.*"}',
     "/api/v1/samples?match=" + '{__name__=~"vllm:.*"}',
     "/api/v1/samples?match=" + '{__name__=~"vllm_watchdog_(canary|health|target).*"}',
+    "/api/v1/query?query=" + '{__name__=~"vllm_watchdog_gateway.*|vllm:.*"}',
+    "/api/v1/series?match[]=" + '{__name__=~"vllm_watchdog_gateway.*|vllm:.*"}',
+    "/api/v1/label/session/values",
 )
 
 
