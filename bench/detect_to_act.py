@@ -197,8 +197,9 @@ async def measure(
         async with httpx.AsyncClient(trust_env=False) as load, httpx.AsyncClient(trust_env=False) as probe:
 
             async def up() -> bool:
-                targets = (await probe.get(base + "/api/v1/targets", timeout=2)).json()["data"]
-                return bool(targets and targets[0]["up"])
+                answer = (await probe.get(base + "/api/v1/targets", timeout=2)).json()
+                targets = answer["data"]["activeTargets"]
+                return bool(targets and targets[0]["health"] == "up")
 
             await _until(up, 30, "watchdog target up")
             await asyncio.sleep(2.0)  # a few evaluations with an empty queue

@@ -213,8 +213,9 @@ class Stack:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"the watchdog exited; see {self.log}")
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
-                t = httpx.get(self.api + "/api/v1/targets", timeout=5).json()["data"][0]
-                if t["up"] and t["health"]["up"] and (t["canary"] or {}).get("success"):
+                t = httpx.get(self.api + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"][0]
+                own = t["watchdog"]
+                if t["health"] == "up" and own["healthProbe"]["up"] and (own["canary"] or {}).get("success"):
                     return time.monotonic() - t0
             time.sleep(1.0)
         raise RuntimeError(
@@ -364,8 +365,9 @@ class Observer:
             sizes = {m.group(1): float(m.group(2)) for m in SIZES.finditer(text)}
             self.sizes.append((at, sizes))
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
-            t = (await self.client.get(self.api + "/api/v1/targets", timeout=10)).json()["data"][0]
-            if not (t["canary"] or {}).get("success", True):
+            answer = (await self.client.get(self.api + "/api/v1/targets", timeout=10)).json()
+            t = answer["data"]["activeTargets"][0]
+            if not (t["watchdog"]["canary"] or {}).get("success", True):
                 self.canary_failures += 1
 
 

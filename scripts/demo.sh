@@ -89,8 +89,9 @@ ready=0
 for _ in $(seq 1 600); do
   if $PY - "$DEMO_API" <<'EOF' 2>/dev/null; then
 import httpx, sys
-t = httpx.get(f"http://{sys.argv[1]}/api/v1/targets", timeout=2).json()["data"][0]
-sys.exit(0 if t["up"] and t["health"]["up"] and (t["canary"] or {}).get("success") else 1)
+t = httpx.get(f"http://{sys.argv[1]}/api/v1/targets", timeout=2).json()["data"]["activeTargets"][0]
+own = t["watchdog"]
+sys.exit(0 if t["health"] == "up" and own["healthProbe"]["up"] and (own["canary"] or {}).get("success") else 1)
 EOF
     ready=1
     break
