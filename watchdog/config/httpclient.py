@@ -151,12 +151,13 @@ def _basic_auth(node: Node) -> BasicAuth | None:
     m = node.mapping({"username", "password", "password_file"})
     if m is None:
         return None
+    password = _inline_secret(m["password"]) if "password" in m else None  # masked even if refused below
     if not _exclusive(m, ("password", "password_file"), "basic_auth password & password_file"):
         return None
     username = m["username"].scalar() if "username" in m else None
     return BasicAuth(
         username=username or "",
-        password=_inline_secret(m["password"]) if "password" in m else None,
+        password=password,
         password_file=_secret_file(m["password_file"], "password_file") if "password_file" in m else None,
     )
 
@@ -166,6 +167,7 @@ def _authorization(node: Node) -> Authorization | None:
     if m is None:
         return None
     pair = ("credentials", "credentials_file")
+    credentials = _inline_secret(m["credentials"]) if "credentials" in m else None
     if not _exclusive(m, pair, "authorization credentials & credentials_file"):
         return None
     kind = (m["type"].scalar() or "").strip() if "type" in m else ""
@@ -177,7 +179,7 @@ def _authorization(node: Node) -> Authorization | None:
         return None
     return Authorization(
         type=kind or "Bearer",
-        credentials=_inline_secret(m["credentials"]) if "credentials" in m else None,
+        credentials=credentials,
         credentials_file=(
             _secret_file(m["credentials_file"], "credentials_file") if "credentials_file" in m else None
         ),
@@ -192,6 +194,9 @@ def parse_http_client(m: Mapping[str, Node], node: Node, headers: Mapping[str, s
         m[present[-1]].error(
             "at most one of basic_auth, authorization & bearer_token_file must be configured"
         )
+        for key, parse in (("basic_auth", _basic_auth), ("authorization", _authorization)):
+            if key in m:
+                parse(m[key])  # for their own problems, and so that their secrets are masked
     elif present and any(k.lower() == "authorization" for k in headers):
         m[present[0]].error("conflicts with the Authorization header in headers: configure credentials once")
     tls = _tls(m["tls_config"]) if "tls_config" in m else TlsConfig()
