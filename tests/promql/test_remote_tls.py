@@ -67,7 +67,8 @@ def test_queries_go_over_mtls_with_a_server_name_and_a_token_read_from_its_file(
     ]
 
 
-def test_a_wrong_ca_or_no_server_name_fails_with_the_backend_named(
+@pytest.mark.filterwarnings("ignore:Unverified HTTPS request")  # urllib3's, for insecure_skip_verify
+def test_a_wrong_ca_or_no_server_name_fail_with_the_backend_named_and_insecure_skips_both(
     tmp_path: Path, pki: Pki, prometheus: FaultServer
 ) -> None:
     client = {"cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
@@ -85,3 +86,9 @@ def test_a_wrong_ca_or_no_server_name_fails_with_the_backend_named(
         finally:
             remote.close()
     assert prometheus.requests == []
+    insecure = {**client, "insecure_skip_verify": True}  # unknown CA and another name: not even looked at
+    remote = backend(tmp_path, url=prometheus.url, tls_config=insecure, authorization=auth)
+    try:
+        assert remote.query("up", T) == [Sample((), 1.0, 1_700_000_000_500)]
+    finally:
+        remote.close()

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.faultserver import FaultServer
 from tests.support.tlsfiles import Pki
+from vllm_watchdog.actions.readiness import ReadyCheck
 from vllm_watchdog.config.httpauth import ClientSettings
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.sources.httpget import HttpGet
@@ -196,3 +197,36 @@ async def test_credentials_go_over_plain_http_too_and_tls_settings_alone_cost_it
     cfg = config_of(tmp_path, fault.url, tls_config={"ca_file": str(pki.ca)})
     http = HttpGet(fault.url + "/metrics", {}, 1 << 20, settings=ClientSettings(cfg.targets[0].http))
     assert http._settings is None  # no header to compute and no TLS to set up: the plain path, unchanged
+
+
+async def test_a_rotated_ca_file_is_read_again_for_new_connections_without_a_reload(
+    tmp_path: Path, pki: Pki, tls_server: Callable[..., FaultServer], monitors: Callable[[Config], Monitor]
+) -> None:
+    server = tls_server()
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(pki.other_ca.read_bytes())  # the wrong CA first
+    mon = monitors(config_of(tmp_path, server.url, tls_config={"ca_file": "ca.pem"}, canary=True))
+    await mon.probe_canary("t", T)
+    rt = mon.targets["t"]
+    assert rt.canary is not None and not rt.canary.status.ok
+    assert "certificate verification failed" in (await scrape(mon)).last_error
+    ca.write_bytes(pki.ca.read_bytes())  # rotated in place
+    assert (await scrape(mon)).up
+    await mon.probe_canary("t", T + 5)
+    assert rt.canary.status.ok  # the canary's httpx client was rebuilt with the new context
+
+
+async def test_the_readiness_check_after_a_restart_uses_the_targets_tls_and_credentials(
+    tmp_path: Path, pki: Pki, tls_server: Callable[..., FaultServer]
+) -> None:
+    server = tls_server()
+    for path in ("/health", "/v1/models", "/v1/completions"):
+        server.replies[path].authorization = basic("ops", "ready-password")
+    auth = {"username": "ops", "password": "ready-password"}
+    cfg = config_of(tmp_path, server.url, tls_config={"ca_file": str(pki.ca)}, basic_auth=auth)
+    shared = client_for()  # the system's trust store and no credentials: of no use for this target
+    try:
+        assert await ReadyCheck(shared, poll=0.01).wait(cfg.targets[0], 10.0) == (True, "")
+    finally:
+        await shared.aclose()
+    assert {p for p, a in server.authorizations} == {"/health", "/v1/models", "/v1/completions"}
