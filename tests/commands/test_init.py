@@ -3,6 +3,10 @@ a config that `check` passes, monitoring only, and never overwrites a file."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import socketserver
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,7 +14,7 @@ import pytest
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT
 from vllm_watchdog.cli import main
-from vllm_watchdog.commands.discover import listening
+from vllm_watchdog.commands.discover import docker_ports, listening
 from vllm_watchdog.commands.init import parse_ports
 from vllm_watchdog.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
@@ -76,3 +80,40 @@ def test_port_lists() -> None:
     with pytest.raises(ValueError, match="not a port"):
         parse_ports("0-5")
     assert main(["init", "--ports", "eighty"]) == EXIT_USAGE
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """A Docker engine's GET /containers/json, as much of it as init reads."""
+
+    def do_GET(self) -> None:
+        body = json.dumps(
+            [
+                {"Names": ["/vllm"], "Ports": [{"PrivatePort": 8000, "PublicPort": 18000, "Type": "tcp"}]},
+                {"Names": ["/vllm-host"], "Ports": [], "Command": "python -m vllm.entrypoints --port 18001"},
+                {"Names": ["/db"], "Ports": [{"PrivatePort": 5432, "Type": "tcp"}]},  # not published
+            ]
+        ).encode()
+        self.send_response(200 if self.path == "/containers/json" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+    def address_string(self) -> str:
+        """A unix socket's peer has no host."""
+        return "unix"
+
+
+def test_docker_containers_name_their_ports_and_no_engine_is_no_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "docker.sock")
+    server = socketserver.ThreadingUnixStreamServer(path, _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert docker_ports(path) == {18000: "vllm", 18001: "vllm-host"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert docker_ports(str(tmp_path / "none.sock")) == {}  # Docker is optional: quietly nothing
