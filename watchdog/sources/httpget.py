@@ -123,9 +123,8 @@ class HttpGet:
             raise _Closed from exc
         except asyncio.LimitOverrunError as exc:
             raise ScrapeError(f"RemoteProtocolError: response header over {HEADER_LIMIT} bytes") from exc
-        except (
-            ssl.SSLError
-        ) as exc:  # e.g. a server that wants a client certificate says so after the handshake
+        except ssl.SSLError as exc:
+            # e.g. a server that wants a client certificate: TLS 1.3 says so after the handshake
             raise ScrapeError(f"RemoteProtocolError: TLS: {_tls_reason(exc)}") from exc
         status, headers, keep = _parse_head(head)
         body = await self._body(reader, headers)
