@@ -213,7 +213,8 @@ routes:
     assert row[6:9] == ["1", "7", "0.4%"], row  # the real body's running, waiting and KV usage
     assert "in-flight/cap 0/4 (ceiling 16)" in done.stdout
     assert any("breaker open" in ln and "session looper" in ln for ln in lines), done.stdout
-    assert any(ln.split()[:2] == ["FIRING", "Backlog{instance=vllm-0}"] for ln in lines), done.stdout
+    firing = f"Backlog{{instance={fault.url.removeprefix('http://')},target=vllm-0}}"  # Prometheus' instance
+    assert any(ln.split()[:2] == ["FIRING", firing] for ln in lines), done.stdout
     assert any(ln.split()[1:4] == ["squeeze", "throttle", "succeeded"] for ln in lines), done.stdout
 
     wd.terminate()

@@ -81,18 +81,21 @@ async def running(tmp_path: Path, fault: FaultServer) -> AsyncIterator[tuple[Dae
 
 
 @pytest.mark.anyio
-async def test_alert_fires_and_shows_in_api_and_metrics(running: tuple[Daemon, str, Path]) -> None:
+async def test_alert_fires_and_shows_in_api_and_metrics(
+    running: tuple[Daemon, str, Path], fault: FaultServer
+) -> None:
     d, base, _ = running
+    hostport = fault.url.removeprefix("http://")  # the instance label: Prometheus' own, host:port
     async with httpx.AsyncClient() as client:
         alerts = await wait_for(client, base + "/api/v1/alerts", firing)
         (alert,) = firing(alerts)
         assert alert["labels"] == {
             "alertname": "Backlog",
-            "instance": "vllm-0",
+            "instance": hostport,
             "severity": "warning",
             "cluster": "lab",
-        } or alert["labels"] == {"alertname": "Backlog", "instance": "vllm-0", "severity": "warning"}
-        assert alert["annotations"] == {"summary": "vllm-0: 3 waiting"}
+        } or alert["labels"] == {"alertname": "Backlog", "instance": hostport, "severity": "warning"}
+        assert alert["annotations"] == {"summary": f"{hostport}: 3 waiting"}
         assert alert["activeAt"].endswith("Z") and alert["value"] == "3e+00"
         rules = (await client.get(base + "/api/v1/rules")).json()
         (group,) = rules["data"]["groups"]
@@ -101,14 +104,14 @@ async def test_alert_fires_and_shows_in_api_and_metrics(running: tuple[Daemon, s
         assert group["rules"][2]["state"] == "inactive"
         metrics = (await client.get(base + "/metrics")).text
         assert (
-            'ALERTS{alertname="Backlog",alertstate="firing",instance="vllm-0",severity="warning"} 1.0'
+            f'ALERTS{{alertname="Backlog",alertstate="firing",instance="{hostport}",severity="warning"}} 1.0'
             in metrics
         )
-        assert 'ALERTS_FOR_STATE{alertname="Backlog",instance="vllm-0",severity="warning"}' in metrics
+        assert f'ALERTS_FOR_STATE{{alertname="Backlog",instance="{hostport}",severity="warning"}}' in metrics
         assert 'vllm_watchdog_rule_group_evaluations_total{rule_group="' in metrics
         # the recording rule's output is a series later rules (and the series API) can read
         rec = (await client.get(base + "/api/v1/samples", params={"match": "instance:waiting:max"})).json()
-        assert rec["data"][0]["labels"] == {"__name__": "instance:waiting:max", "instance": "vllm-0"}
+        assert rec["data"][0]["labels"] == {"__name__": "instance:waiting:max", "instance": hostport}
     assert d.evaluation is not None and d.evaluation.manager.persistence_errors == 0
 
 
@@ -211,13 +214,13 @@ def test_query_command(tmp_path: Path, fault: FaultServer) -> None:
     cfg.write_text(watchdog_yaml(target(fault.url), token=None, global_settings=None))
     run = [sys.executable, "-m", "vllm_watchdog", "query", "--config", str(cfg)]
     out = subprocess.run(
-        [*run, "sum by (instance) (vllm:num_requests_waiting) * 2"],
+        [*run, "sum by (target) (vllm:num_requests_waiting) * 2"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith('{instance="vllm-0"} => 6 @[')
+    assert out.stdout.startswith('{target="vllm-0"} => 6 @[')
     bad = subprocess.run([*run, "sum(rate(x[5m])"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "invalid expression" in bad.stderr and "position" in bad.stderr
 

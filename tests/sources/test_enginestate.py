@@ -39,7 +39,7 @@ def asked(fault: FaultServer, path: str) -> int:
 
 def value(mon: Monitor, name: str, now: float) -> float | None:
     """The series' value at `now` as a query sees it (None: absent or stale)."""
-    series = mon.store.get(make_labels(name, {"job": "vllm", "instance": "t"}))
+    series = mon.store.get(make_labels(name, mon.targets["t"].config.series_labels))
     got = series.at(math.floor(now * 1000), 300_000) if series.registered else None
     return None if got is None else got[1]
 
@@ -184,12 +184,13 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     text = generate_latest(registry).decode()
-    assert 'vllm_watchdog_engine_paused{instance="t",job="vllm"} 1.0' in text
+    hostport = fault.url.removeprefix("http://")  # Prometheus' instance of the target's address
+    assert f'vllm_watchdog_engine_paused{{instance="{hostport}",job="vllm",target="t"}} 1.0' in text
     assert "vllm_watchdog_engine_sleeping{" not in text  # 404: absent
     # The self feed writes the own families into the store; these the monitor wrote already.
     feed = SelfFeed(mon.store, [collector], "127.0.0.1:9460", lambda: None)
     feed.commit(math.floor((T0 + 1) * 1000))
     assert [s.labels for s in mon.store.select(PAUSED)] == [
-        make_labels(PAUSED, {"job": "vllm", "instance": "t"})
+        make_labels(PAUSED, {"job": "vllm", "instance": hostport, "target": "t"})
     ]
     await mon.aclose()
