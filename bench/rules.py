@@ -39,6 +39,10 @@ def _advance(text: str, step: int) -> str:
     return _NUMBER.sub(lambda m: f" {float(m.group(1)) + step}", text)
 
 
+# Written beside each body: a scrape's up, and the watchdog's per-target series (probes, self feed).
+PER_TARGET = ("up", "vllm_watchdog_target_info", "vllm_watchdog_health_up", "vllm_watchdog_canary_success")
+
+
 def build(n_targets: int, history: int, t0: float) -> tuple[SampleStore, float, Callable[[float], None]]:
     """A store holding `history` seconds of every target's needed series; returns it, the last time, and
     what scrapes every target once more at a given time."""
@@ -52,7 +56,8 @@ def build(n_targets: int, history: int, t0: float) -> tuple[SampleStore, float, 
         ScrapeTarget(
             url="http://127.0.0.1:1/metrics",
             job="vllm",
-            instance=f"vllm-{i}",
+            instance=f"10.0.{i // 256}.{i % 256}:8000",  # the labels the monitor gives a target
+            extra_labels={"target": f"vllm-{i}"},
             store=store,
             timeout=1.0,
             sample_limit=20_000,
@@ -68,10 +73,10 @@ def build(n_targets: int, history: int, t0: float) -> tuple[SampleStore, float, 
         if body is None:
             body = bodies[step] = _advance(text, step)
         t_ms = int(now * 1000)
-        for i, target in enumerate(targets):
+        for target in targets:
             target.ingest(body, t_ms)
-            labels = {"job": "vllm", "instance": f"vllm-{i}"}
-            for name in ("up", "vllm_watchdog_health_up", "vllm_watchdog_canary_success"):
+            labels = target.target_labels
+            for name in PER_TARGET:
                 store.append(make_labels(name, labels), t_ms, 1.0)
 
     for second in range(history):
