@@ -126,7 +126,7 @@ def prometheus_config(vllm: str, watchdog_port: int, dcgm_port: int) -> str:
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "rules" / "*.rules.yml")],
         "scrape_configs": [
-            {"job_name": "vllm", "static_configs": [{"targets": [vllm], "labels": {"instance": "vllm-0"}}]},
+            {"job_name": "vllm", "static_configs": [{"targets": [vllm], "labels": {"target": "vllm-0"}}]},
             {
                 "job_name": WATCHDOG_JOB,
                 "honor_labels": True,
