@@ -114,8 +114,8 @@ def test_sighup_with_invalid_config_or_rules_keeps_the_old_ones(
             "scrapes going on after the rejected reload",
             log,
         )
-        assert [t["name"] for t in after["data"]] == ["vllm-0"]
-        assert after["data"][0]["url"] == fault.url
+        assert [t["name"] for t in targets(after)] == ["vllm-0"]
+        assert targets(after)[0]["url"] == fault.url
         assert _rule_names(base) == ["ChaosQueueWaiting"]
         alerts = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
         assert [(a["labels"]["alertname"], a["state"]) for a in alerts] == [("ChaosQueueWaiting", "firing")]
