@@ -57,7 +57,8 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
             running = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
             (series,) = running["data"]
             labels = series["labels"]
-            assert labels["job"] == "vllm" and labels["instance"] == "vllm-0"
+            hostport = vllm_server.url.removeprefix("http://")  # Prometheus' instance of the scrape address
+            assert (labels["job"], labels["instance"], labels["target"]) == ("vllm", hostport, "vllm-0")
             assert labels["model_name"] == "tiny-llama" and last(series) == "0.0"
             # only the families the bundled rules read are stored
             assert (await client.get(series_url, params={"match": "vllm:request_params_n_bucket"})).json()[
