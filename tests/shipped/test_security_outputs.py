@@ -1,6 +1,7 @@
 """What a real watchdog writes and serves, grepped after a gateway run in front of the shared real vLLM: no
 prompt or completion text, no client API key, and none of the configured secrets (token, notifier header,
-canary key, URL password, a relaunched command line's --api-key, a secret env value), at debug log level.
+canary key, URL password, a relaunched command line's --api-key, a secret env value, a notifier's basic_auth
+password), at debug log level.
 Session names are expected to show (they are labels by design): they prove the grep reaches the data."""
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SECRETS = {
     "URL password": f"pw-{RUN}-url-secret",
     "--api-key on a command line": f"arg-{RUN}-argv-secret",
     "secret env value": f"env-{RUN}-env-secret",
+    "notifier basic_auth password": f"bas-{RUN}-basic-auth-secret",
 }
 CLIENT_KEY = f"sk-client-{RUN}-key"  # a client's own API key, sent through the gateway
 SESSION = f"sess-visible-{RUN}"
@@ -111,6 +113,9 @@ notifiers:
   - type: webhook
     url: "http://127.0.0.1:{dead}/hook"
     headers: {{Authorization: "Bearer {SECRETS["notifier header"]}", X-Team: infra}}
+  - type: alertmanager
+    url: "http://127.0.0.1:{dead}"
+    basic_auth: {{username: watchdog, password: "{SECRETS["notifier basic_auth password"]}"}}
 gateway: {{listen: "127.0.0.1:{gport}", target: vllm-0}}
 """,
     )
@@ -328,6 +333,9 @@ targets:
     env: {{HF_TOKEN: "{SECRETS["secret env value"]}", HF_HUB_OFFLINE: "1"}}
 notifiers:
   - {{type: webhook, url: "http://127.0.0.1:1/", headers: {{Authorization: "Bearer {SECRETS["notifier header"]}"}}}}
+  - type: alertmanager
+    url: "https://127.0.0.1:2/"
+    basic_auth: {{username: watchdog, password: "{SECRETS["notifier basic_auth password"]}"}}
 gateway: {{priority: {{api_keys: {{{CLIENT_KEY}: batch}}}}}}
 """,
         "c.yml",
