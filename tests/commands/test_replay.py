@@ -16,7 +16,7 @@ from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.ruler.files import RuleGroup, parse_rule_file
 from vllm_watchdog.scrapelog import ScrapeLog, iter_records
 from vllm_watchdog.sources.scrape import ScrapeTarget
-from vllm_watchdog.store import SampleStore, is_stale
+from vllm_watchdog.store import SampleStore, is_stale, make_labels
 
 RULES = """
 groups:
@@ -102,7 +102,8 @@ def test_synthetic_recording_fires_and_resolves(tmp_path: Path) -> None:
     ]
     assert [e[0] for e in events if e[1] == "TargetDown"] == ["pending", "firing", "resolved"]
     line = next(x for x in text.splitlines() if "firing    QueueHigh" in x)
-    assert 'QueueHigh{env="lab",instance="v0",job="vllm",model_name="m",severity="warning"} value=9' in line
+    labels = 'env="lab",instance="v0",job="vllm",model_name="m",severity="warning",target="v0"'
+    assert f"QueueHigh{{{labels}}} value=9" in line
     assert "[rules.yml;vllm]" in line
     assert "replayed 60 probe, 60 scrape over 2023-11-14T22:13:20.250Z .. 2023-11-14T22:14:19.250Z" in text
     assert "QueueHigh: 1 pending, 1 firing, 1 resolved" in text and "active at the end: none" in text
@@ -179,12 +180,12 @@ async def test_replay_rebuilds_the_store_a_live_scraper_built(
     target = ScrapeTarget(
         url=fault.url + "/metrics",
         job="vllm",
-        instance="vllm-0",
+        instance="127.0.0.1:8000",
         store=live,
         timeout=1.0,
         sample_limit=100_000,
         body_size_limit=1 << 22,
-        extra_labels={"env": "lab"},
+        extra_labels={"env": "lab", "target": "vllm-0"},  # as the monitor labels a target
         recorder=log,
     )
     for i, payload in enumerate(payloads):
@@ -202,6 +203,10 @@ async def test_replay_rebuilds_the_store_a_live_scraper_built(
     for r in iter_records(rec):
         rp.ingest(r)
     ours, theirs = snapshot(rp.store), snapshot(live)
+    info = make_labels(
+        "vllm_watchdog_target_info", {"job": "vllm", "instance": "127.0.0.1:8000", "target": "vllm-0"}
+    )
+    assert len(ours.pop(info)) == 6  # the self feed's, which the live scraper alone does not write
     assert (
         len(ours) > 400 and ours == theirs
     )  # scrape_duration_seconds too: the recorded duration is replayed
@@ -218,3 +223,22 @@ def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg.write_text("global: {evaluation_interval: 1s}\nrule_files: [rules.yml]\n")
     assert main(["replay", "--config", str(cfg), "--input", rec]) == 0
     assert ("firing", "QueueHigh") in timeline(capsys.readouterr().out)
+
+
+def test_a_recording_from_before_the_target_label_gets_it(tmp_path: Path) -> None:
+    """job "vllm" and the target's name as instance, as recorded before: the name becomes `target` too."""
+    rec = str(tmp_path / "rec")
+    record_synthetic(rec)
+    rp = Replayer(config(tmp_path), ())
+    for r in iter_records(rec):
+        rp.ingest(r)
+    labels = {"job": "vllm", "instance": "v0", "target": "v0"}
+    assert [s.labels for s in rp.store.select("vllm:num_requests_waiting")] == [
+        make_labels("vllm:num_requests_waiting", {**labels, "env": "lab", "model_name": "m"})
+    ]
+    assert [s.labels for s in rp.store.select("vllm_watchdog_canary_success")] == [
+        make_labels("vllm_watchdog_canary_success", {**labels, "env": "lab"})
+    ]
+    assert [s.labels for s in rp.store.select("vllm_watchdog_target_info")] == [
+        make_labels("vllm_watchdog_target_info", labels)
+    ]

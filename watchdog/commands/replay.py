@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
@@ -43,6 +43,15 @@ from ..store import SampleStore, make_labels
 
 GC_INTERVAL = 15.0
 Dispatch = Callable[[float, list[OutgoingAlert]], None]
+TARGET_INFO = "vllm_watchdog_target_info"
+
+
+def _own_labels(job: str, instance: str, labels: Mapping[str, str]) -> dict[str, str]:
+    """A target's recorded labels, with `target` added to a recording older than that label."""
+    # Such a recording has job "vllm" and the target's name as instance; rules join gateway series on target.
+    if job == "vllm" and "target" not in labels:
+        return {**labels, "target": instance}
+    return dict(labels)
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,10 @@ class Replayer:
             target = self._target(rec)
             error = ScrapeError(rec.error or "unknown error", rec.kind) if rec.body is None else None
             target.complete(rec.t, rec.body, error, lambda: rec.duration)
+            name = target.extra_labels.get("target")
+            if name is not None:  # what the self feed writes about each target, for the rules' joins
+                info = {"job": rec.job, "instance": rec.instance, "target": name}
+                self.store.append(make_labels(TARGET_INFO, info), math.floor(rec.t * 1000), 1.0)
         elif isinstance(rec, ForgetRecord):
             gone = self._targets.pop((rec.job, rec.instance), None)
             if gone is not None:
@@ -117,7 +130,11 @@ class Replayer:
         elif isinstance(rec, ProbeRecord):
             names = PROBE_SERIES.get(rec.probe)
             if names is not None:
-                labels = {**rec.labels, "job": rec.job, "instance": rec.instance}
+                labels = {
+                    **_own_labels(rec.job, rec.instance, rec.labels),
+                    "job": rec.job,
+                    "instance": rec.instance,
+                }
                 t_ms = math.floor(rec.t * 1000)
                 self.store.append(make_labels(names[0], labels), t_ms, 1.0 if rec.ok else 0.0)
                 self.store.append(make_labels(names[1], labels), t_ms, rec.latency)
@@ -132,7 +149,8 @@ class Replayer:
     def _target(self, rec: ScrapeRecord) -> ScrapeTarget:
         key = (rec.job, rec.instance)
         target = self._targets.get(key)
-        if target is not None and target.extra_labels == dict(rec.labels):
+        labels = _own_labels(rec.job, rec.instance, rec.labels)
+        if target is not None and target.extra_labels == labels:
             return target
         if target is not None:  # relabelled without a recorded reload: the old series go stale
             target.forget(rec.t)
@@ -145,7 +163,7 @@ class Replayer:
             timeout=g.scrape_timeout,
             sample_limit=g.sample_limit,
             body_size_limit=g.body_size_limit,
-            extra_labels=dict(rec.labels),
+            extra_labels=labels,
         )
         return target
 
