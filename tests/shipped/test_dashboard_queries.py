@@ -1,11 +1,16 @@
-"""Every dashboard query and every bundled rule's selectors return data from a real Prometheus.
+"""Every dashboard query and every bundled rule's selectors return data from a real Prometheus, in three setups.
 
-Prometheus 2.42 (Debian package) scrapes, every second and set up as deploy/prometheus.yml sets it up (vLLM's
-instance named after the watchdog's target, the watchdog with honor_labels, the bundled rules evaluated): the
-session's real vLLM 0.32 (job "vllm"), a real watchdog process with its gateway in front of that vLLM (job
-"vllm-watchdog") and a dcgm-exporter stand-in serving a fixture (job "dcgm": no GPU here, the only stand-in).
-Bounded agent-like load goes through the gateway; then each panel's query runs through the HTTP API as Grafana
-would run it, and must return a number.
+One Prometheus 2.42 (Debian package) scrapes every second, set up as deploy/prometheus.yml sets it up (vLLM's
+own instance and a watchdog target's name, the watchdogs with honor_labels and their ALERTS dropped, the bundled rules
+evaluated): the session's real vLLM 0.32 (job "vllm"), a dcgm-exporter stand-in serving a fixture (job "dcgm": no
+GPU here, the only stand-in), and three real watchdog processes (job "vllm-watchdog"), one per setup:
+- monitoring: targets (one of them dead), the dcgm source, rules and a webhook; no gateway, no actions;
+- gateway: the same with its gateway in front of vLLM;
+- remediation: a gateway, and an action routed from a rule.
+Bounded agent-like load goes through both gateways at once; then each panel's query runs through the HTTP API as
+Grafana would run it, the watchdog dashboard's job and instance set to one setup's watchdog, and must return a
+number (0 counts too: the watchdog's counters start at 0). Only panels about what a setup lacks may be empty
+there, and they must be: that shows each setup's panels read that setup's watchdog.
 """
 
 from __future__ import annotations
@@ -16,11 +21,10 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
@@ -33,6 +37,7 @@ from tests.shipped.test_grafana_dashboards import (
     substitute,
     variable_names,
 )
+from tests.support.agent_traffic import agent, flood, hang_up
 from tests.support.configs import target, write_config
 from tests.support.dcgm_exporter_fake import dcgm_exporter
 from tests.support.faultserver import FaultServer
@@ -43,12 +48,31 @@ from tests.support.watchdogproc import poll, start_watchdog
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG_JOB = "vllm-watchdog"
-CLIENT = httpx.Client(limits=httpx.Limits(max_connections=32), trust_env=False)
-# Repetitive text: vLLM's ngram drafter finds matches in it, and every request shares it (prefix-cache hits).
-PREFIX = "alpha beta gamma delta " * 60
 SESSIONS = ("agent-a", "agent-b", "agent-c")  # top_k 2: one of them lands in session="other"
-# Panel queries allowed to return nothing here, with the reason. Keep it empty unless a signal cannot exist.
-EXCLUDED: dict[tuple[str, str], str] = {}
+SETUPS = ("monitoring", "gateway", "remediation")
+CANARY = {"interval": "2s", "timeout": "30s"}  # on the remediation setup's target only: one canary is enough
+# Watchdog-dashboard panels (by title, or by the title of their row) that show what a setup lacks: empty there,
+# and only there. Keep it to what a setup cannot have.
+NO_GATEWAY = "no gateway in this setup"
+NO_ACTIONS = "no actions configured in this setup"
+ABSENT: dict[str, dict[str, str]] = {
+    "monitoring": {
+        "Gateway admission": NO_GATEWAY,
+        "Sessions (the top K by traffic; the rest summed as other)": NO_GATEWAY,
+        "Gateway in flight / cap": NO_GATEWAY,
+        "Actions taken": NO_ACTIONS,
+        "Action outcomes (since start)": NO_ACTIONS,
+        "Watchdog actions": NO_ACTIONS,  # the annotation
+        "Rails A": NO_ACTIONS,  # the budgets left; B and C (running, drained) count 0
+    },
+    "gateway": {
+        "Actions taken": NO_ACTIONS,
+        "Action outcomes (since start)": NO_ACTIONS,
+        "Watchdog actions": NO_ACTIONS,
+        "Rails A": NO_ACTIONS,
+    },
+    "remediation": {},
+}
 # Rule selectors with no series in a healthy system, with the reason: by metric name, or by the selector as the
 # failure message prints it.
 FAULT_ONLY = {
@@ -76,52 +100,78 @@ RULES = """groups:
 
 
 @dataclass
+class Setup:
+    """One watchdog process: its API, its gateway (if any) and the name of its vLLM target."""
+
+    name: str
+    port: int
+    target: str
+    gport: int | None = None
+    log: Path = Path()
+
+    @property
+    def api(self) -> str:
+        """The watchdog's API."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def gateway(self) -> str:
+        """The gateway's URL."""
+        return f"http://127.0.0.1:{self.gport}"
+
+
+@dataclass
 class Stack:
-    """What the test runs: Prometheus, the watchdog's API and gateway, and when the load ran."""
+    """What the test runs: Prometheus, the three watchdogs, and when the load ran."""
 
     prom: PrometheusServer
-    api: str
-    gateway: str
-    log: Path
+    setups: dict[str, Setup] = field(default_factory=dict)
     load_start: float = 0.0
     load_end: float = 0.0
 
+    def logs(self) -> str:
+        """The end of every watchdog's log, for a failure's message."""
+        return "\n".join(f"{s.name}: {s.log.read_text()[-1500:]}" for s in self.setups.values())
 
-def watchdog_config(
-    tmp: Path, vllm: VllmServer, dcgm: FaultServer, sink: FaultServer
-) -> tuple[Path, int, int]:
-    """The watchdog's config: the real vLLM behind a gateway, a dead target, the dcgm stand-in, a webhook."""
-    port, gport = free_port(), free_port()
+
+def watchdog_config(tmp: Path, setup: Setup, vllm: VllmServer, dcgm: FaultServer, sink: FaultServer) -> Path:
+    """A setup's config: its vLLM target (and a dead one when monitoring), the dcgm stand-in, a webhook; the
+    gateway unless monitoring; an action routed from a rule when remediating. One canary is enough."""
+    tmp.mkdir()
     rules = tmp / "dashboard.rules.yml"
     rules.write_text(RULES)
-    cfg = write_config(
-        tmp,
-        target(vllm.url, canary={"interval": "2s", "timeout": "30s"}),
-        target(f"http://127.0.0.1:{free_port()}", name="ghost"),
-        port=port,
-        rest=f"""
+    canary = CANARY if setup.name == "remediation" else False
+    targets = [target(vllm.url, name=setup.target, canary=canary)]
+    if setup.name == "monitoring":
+        targets.append(target(f"http://127.0.0.1:{free_port()}", name="ghost"))
+    rest = f"""
 gpus: {{dcgm_url: "{dcgm.url}/metrics"}}
 rule_files: ["{rules}"]
-gateway:
-  listen: 127.0.0.1:{gport}
-  target: vllm-0
-  max_in_flight: 4
-  sessions: {{rate: 1, burst: 4, top_k: 2}}
-actions:
-  squeeze: {{type: throttle, factor: 0.5, floor: 1, step: 1, step_interval: 5s,
-            max_per_window: {{count: 5, window: 1h}}}}
-routes:
-  - {{match: {{alertname: DashboardTrafficSeen}}, actions: [squeeze]}}
 notifiers:
   - {{type: webhook, name: sink, url: "{sink.url}/hook"}}
-""",
-    )
-    return cfg, port, gport
+"""
+    if setup.gport is not None:
+        rest += f"""gateway:
+  listen: 127.0.0.1:{setup.gport}
+  target: {setup.target}
+  max_in_flight: 4
+  max_queue_time: 300s  # vLLM runs one sequence at a time for both gateways: waits are long on a busy machine
+  sessions: {{rate: 1, burst: 4, top_k: 2}}
+"""
+    if setup.name == "remediation":
+        rest += """actions:
+  squeeze: {type: throttle, factor: 0.5, floor: 1, step: 1, step_interval: 5s,
+            max_per_window: {count: 5, window: 1h}}
+routes:
+  - {match: {alertname: DashboardTrafficSeen}, actions: [squeeze]}
+"""
+    return write_config(tmp, *targets, port=setup.port, rest=rest)
 
 
-def prometheus_config(vllm: str, watchdog_port: int, dcgm_port: int) -> str:
-    """Scrape and rule settings as deploy/prometheus.yml has them, every second: vLLM's instance is the
-    watchdog's target name, the watchdog is scraped with honor_labels, and the bundled rules are evaluated."""
+def prometheus_config(vllm: str, watchdog_ports: list[int], dcgm_port: int) -> str:
+    """Scrape and rule settings as deploy/prometheus.yml has them, every second: vLLM keeps Prometheus' own
+    instance (host:port, as the watchdogs label it too) and carries a watchdog target's name, the watchdogs are scraped with honor_labels and their ALERTS dropped (Prometheus writes its
+    own from the same rules), and the bundled rules are evaluated."""
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "rules" / "*.rules.yml")],
@@ -130,7 +180,10 @@ def prometheus_config(vllm: str, watchdog_port: int, dcgm_port: int) -> str:
             {
                 "job_name": WATCHDOG_JOB,
                 "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{watchdog_port}"]}],
+                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in watchdog_ports]}],
+                "metric_relabel_configs": [
+                    {"source_labels": ["__name__"], "regex": "ALERTS|ALERTS_FOR_STATE", "action": "drop"}
+                ],
             },
             {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}]},
         ],
@@ -140,101 +193,53 @@ def prometheus_config(vllm: str, watchdog_port: int, dcgm_port: int) -> str:
 
 @pytest.fixture(scope="module")
 def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Everything running and scraped, with the load already driven through the gateway."""
+    """Everything running and scraped, with the load already driven through both gateways."""
     tmp = tmp_path_factory.mktemp("dashboards")
     with contextlib.ExitStack() as stack:
         dcgm = stack.enter_context(dcgm_exporter())
         sink = FaultServer()
         stack.callback(sink.close)
         sink.set("/hook", b"")
-        cfg, port, gport = watchdog_config(tmp, vllm_server, dcgm, sink)
-        log = tmp / "watchdog.log"
-        wd = start_watchdog(cfg, log)
-        stack.callback(lambda: (wd.terminate(), wd.wait(20)))
-        api = f"http://127.0.0.1:{port}"
-        poll(api + "/api/v1/gateway", lambda j: j["data"]["limit"] is not None, 60, "the gateway", log)
-        config = prometheus_config(vllm_server.url.removeprefix("http://"), port, dcgm.port)
+        setups = {
+            "monitoring": Setup("monitoring", free_port(), "mon-0"),
+            "gateway": Setup("gateway", free_port(), "gw-0", free_port()),
+            "remediation": Setup("remediation", free_port(), "vllm-0", free_port()),
+        }
+        for s in setups.values():  # all three start at once
+            s.log = tmp / f"{s.name}.log"
+            wd = start_watchdog(watchdog_config(tmp / s.name, s, vllm_server, dcgm, sink), s.log)
+            stack.callback(lambda wd=wd: (wd.terminate(), wd.wait(20)))
+        for s in setups.values():
+            ready = (
+                (lambda j: j["data"]["limit"] is not None)
+                if s.gport
+                else (lambda j: j["status"] == "success")
+            )
+            poll(s.api + ("/api/v1/gateway" if s.gport else "/api/v1/targets"), ready, 60, s.name, s.log)
+        ports = [s.port for s in setups.values()]
+        config = prometheus_config(vllm_server.url.removeprefix("http://"), ports, dcgm.port)
         prom = stack.enter_context(running_prometheus(config, tmp / "prom"))
-        s = Stack(prom, api, f"http://127.0.0.1:{gport}", log)
+        st = Stack(prom, setups)
         prom.wait_for('up{job="vllm"} == 1', timeout=30)
-        s.load_start = time.time()
-        drive_load(s.gateway)
-        s.load_end = time.time()
-        settle(s)
-        yield s
+        st.load_start = time.time()
+        drive_load(setups["remediation"].gateway, setups["gateway"].gateway)
+        st.load_end = time.time()
+        settle(st)
+        yield st
 
 
 # -- load -------------------------------------------------------------------------------------------------
-def post(gateway: str, path: str, session: str, body: dict[str, Any]) -> int:
-    """One request through the gateway, read to the end (streamed or not); returns the status."""
-    headers = {"X-Session-ID": session}
-    with CLIENT.stream("POST", gateway + path, json=body, headers=headers, timeout=180) as resp:
-        for _ in resp.iter_bytes():
-            pass
-        return resp.status_code
-
-
-def tool_messages(session: str, step: int) -> list[dict[str, Any]]:
-    """An agent step that calls the same tool with the same arguments as before (a loop, in small)."""
-    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "docs"}'}}
-    return [
-        {"role": "system", "content": PREFIX},
-        {"role": "user", "content": f"{session} task step {step}"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "nothing found " * (step + 1)},
-    ]
-
-
-def agent(gateway: str, session: str, statuses: list[int]) -> None:
-    """Four steps with a growing context: completion, streamed completion, chat with tool calls, streamed chat."""
-    common = {"model": "tiny-llama", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    usage = {"stream_options": {"include_usage": True}}
-    history = ""
-    for step in range(4):
-        history += f" {session} step {step}" * 20
-        if step < 2:
-            body = common | {"prompt": PREFIX + history} | ({"stream": True} | usage if step == 1 else {})
-            statuses.append(post(gateway, "/v1/completions", session, body))
-        else:
-            body = (
-                common
-                | {"messages": tool_messages(session, step)}
-                | ({"stream": True} | usage if step == 3 else {})
-            )
-            statuses.append(post(gateway, "/v1/chat/completions", session, body))
-
-
-def flood(gateway: str, statuses: list[int]) -> None:
-    """Six tiny requests at once from one session: its burst of 4 passes, the rest get 429 (session_rate)."""
-    body = {"model": "tiny-llama", "prompt": PREFIX, "max_tokens": 2, "temperature": 0}
-    threads = [
-        threading.Thread(target=lambda: statuses.append(post(gateway, "/v1/completions", "burst", body)))
-        for _ in range(6)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-
-
-def hang_up(gateway: str) -> None:
-    """A streamed completion the client abandons after its first event (an upstream client_disconnect)."""
-    body = {"model": "tiny-llama", "prompt": PREFIX, "max_tokens": 64, "ignore_eos": True, "stream": True}
-    headers = {"X-Session-ID": "agent-a"}
-    with CLIENT.stream("POST", gateway + "/v1/completions", json=body, headers=headers, timeout=180) as resp:
-        assert resp.status_code == 200
-        next(resp.iter_lines())
-
-
-def drive_load(gateway: str) -> None:
-    """Bounded load: three agents at once, then a burst from one session, then one abandoned stream."""
+def drive_load(gateway: str, other: str) -> None:
+    """Bounded load: three agents at once, and one with short answers through the other gateway, then a burst
+    from one session, then one abandoned stream."""
     statuses: list[int] = []
     agents = [threading.Thread(target=agent, args=(gateway, s, statuses)) for s in SESSIONS]
+    agents.append(threading.Thread(target=agent, args=(other, "agent-g", statuses, 4)))
     for t in agents:
         t.start()
     for t in agents:
         t.join(300)
-    assert statuses == [200] * 12, statuses
+    assert statuses == [200] * 16, statuses
     burst: list[int] = []
     flood(gateway, burst)
     assert 429 in burst and set(burst) == {200, 429}, burst  # tokens refill at 1/s: 4 or 5 pass
@@ -243,18 +248,19 @@ def drive_load(gateway: str) -> None:
 
 # Series the load creates late; each must have a few samples, or rate() over them has nothing to work on.
 LATE_SERIES = (
-    'ALERTS{alertname="DashboardTrafficSeen", alertstate="firing"}',
+    'ALERTS{alertname="VLLMGPUPowerCapped"}',  # Prometheus' own, pending: the stand-in's GPU 0 is at 98%
     'vllm_watchdog_actions_total{action="squeeze", outcome="succeeded"}',
-    'vllm_watchdog_gateway_upstream_errors_total{kind="client_disconnect"}',
+    'vllm_watchdog_gateway_upstream_errors_total{kind="client_disconnect"} > 0',
     'vllm_watchdog_gateway_session_requests_total{session="other"}',
+    'vllm_watchdog_gateway_session_requests_total{session="agent-g"}',
 )
 
 
 def settle(s: Stack) -> None:
     """Wait (bounded) until the watchdog has acted and Prometheus has scraped the state after the load."""
     for series in LATE_SERIES:
-        s.prom.wait_for(f"count_over_time({series}[1m]) >= 3", timeout=30)
-    s.prom.wait_for(f"timestamp(vllm_watchdog_build_info) > {s.load_end + 2:.3f}", timeout=30)
+        s.prom.wait_for(f"count_over_time(({series})[1m:1s]) >= 3", timeout=30)
+    s.prom.wait_for(f"min(timestamp(vllm_watchdog_build_info)) > {s.load_end + 2:.3f}", timeout=30)
     s.prom.wait_for(f'timestamp(vllm:num_requests_running{{job="vllm"}}) > {s.load_end + 2:.3f}', timeout=30)
 
 
@@ -271,25 +277,58 @@ def run(prom: PrometheusServer, expr: str, instant: bool, start: float, end: flo
     return [float(v) for r in body["data"]["result"] for _, v in r["values"]]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_every_panel_query_returns_data(stack: Stack, name: str) -> None:
+CASES = [("vllm-serving.json", ""), ("gpu.json", "")] + [("watchdog.json", s) for s in SETUPS]
+
+
+def places(doc: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Panel id -> its title and the title of the row it sits in."""
+    out, row = {}, ""
+    for p in doc["panels"]:
+        row = p["title"] if p["type"] == "row" else row
+        out[str(p["id"])] = (p["title"], row)
+    return out
+
+
+def absent(setup: str, place: tuple[str, str], ref: str) -> str | None:
+    """Why a query (panel title and refId, or row) may be empty in this setup (None: it must have data)."""
+    reasons = ABSENT.get(setup, {})
+    title, row = place
+    return reasons.get(f"{title} {ref}") or reasons.get(title) or reasons.get(row)
+
+
+@pytest.mark.parametrize(("name", "setup"), CASES, ids=[f"{n}-{s}" if s else n for n, s in CASES])
+def test_every_panel_query_returns_data(stack: Stack, name: str, setup: str) -> None:
     doc = load(name)
-    names = variable_names(doc)
+    names, place = variable_names(doc), places(doc)
     window = f"{max(10, round(time.time() - stack.load_start) // 4)}s"
     start, end = stack.load_start - 5, time.time() - 0.5
-    report, empty = [], []
+    report, empty, not_empty = [], [], []
     for query in queries(name, doc):
         if query.where.startswith("variable "):
             continue  # test_every_variable_has_values
-        expr = substitute(query.expr, names, window)
+        expr = query.expr
+        if setup:  # the watchdog dashboard's job and instance pick this setup's watchdog
+            expr = expr.replace("$job", WATCHDOG_JOB).replace(
+                "$instance", f"127.0.0.1:{stack.setups[setup].port}"
+            )
+        expr = substitute(expr, names, window)
         got = run(stack.prom, expr, query.instant, start, end)
         finite = [v for v in got if math.isfinite(v)]
         top = f", max {max(finite):.4g}" if finite else ""
         report.append(f"{query.where}: {len(got)} values, {len(finite)} finite{top}")
-        if not finite and (name, query.where) not in EXCLUDED:
+        kind, rest = query.where.split(" ", 1)  # "panel 7 'Title' A" or "annotation 'Name'"
+        if kind == "panel":
+            why = absent(setup, place[rest.split()[0]], rest.rsplit(" ", 1)[1])
+        else:
+            why = absent(setup, (rest.strip("'\""), ""), "")
+        if not finite and why is None:
             empty.append(f"{query.where}: {expr}")
-    print(f"\n{name} ($__rate_interval={window}):\n  " + "\n  ".join(report))
-    assert not empty, "No data:\n" + "\n".join(empty) + f"\nwatchdog log: {stack.log.read_text()[-2000:]}"
+        if finite and why is not None:
+            not_empty.append(f"{query.where} ({why}): {expr}")
+    print(f"\n{name} {setup} ($__rate_interval={window}):\n  " + "\n  ".join(report))
+    assert not empty, "No data:\n" + "\n".join(empty) + f"\nwatchdog logs: {stack.logs()}"
+    # data where the setup lacks what the panel shows: another setup's watchdog leaks in, or ABSENT is stale
+    assert not not_empty, "Data where none can be:\n" + "\n".join(not_empty)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -304,6 +343,12 @@ def test_every_variable_has_values(stack: Stack, name: str) -> None:
         match = substitute(selector, variable_names(doc), "1m")
         body = stack.prom.http.get(f"/api/v1/label/{label}/values", params={"match[]": match}).json()
         assert body["status"] == "success" and body["data"], (v["name"], match, body)
+    if name == "watchdog.json":  # one instance per setup
+        body = stack.prom.http.get(
+            "/api/v1/label/instance/values", params={"match[]": "vllm_watchdog_build_info"}
+        )
+        ports = {f"127.0.0.1:{s.port}" for s in stack.setups.values()}
+        assert set(body.json()["data"]) == ports
 
 
 def rules() -> list[tuple[str, dict[str, Any]]]:
