@@ -21,8 +21,9 @@ TAGS = ["vllm", "vllm-watchdog"]
 def actions_new(sel: str, window: str) -> str:
     """Watchdog actions counted within `window` before each point, including the first of each kind.
 
-    The counter's series are born at 1 (the first action of a kind), which increase() cannot see, so the
-    increase is taken against 0 for a series that did not exist `window` earlier.
+    The watchdog exports every configured action, target and outcome from 0, but a series it did not know in
+    advance (an alert naming a target the config lacks, refused) is born at 1, which increase() cannot see, so
+    the increase is taken against 0 for a series that did not exist `window` earlier.
     """
     a = f"vllm_watchdog_actions_total{{{sel}}}" if sel else "vllm_watchdog_actions_total"
     return f"clamp_min({a} - ({a} offset {window} or {a} * 0), 0)"
