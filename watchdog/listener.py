@@ -48,6 +48,8 @@ class ListenerLimits:
 
 
 ErrorBody = Callable[[int, str, str], bytes]  # (status, reason, message) -> a JSON body
+# Every reason a listener refuses a request or connection for (Listener.refused); each is exported from 0.
+REFUSALS = ("header_timeout", "body_timeout", "header_too_large", "url_too_long", "connection_limit")
 
 
 def connection_cap(configured: int, fd_share: float) -> int:

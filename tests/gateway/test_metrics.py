@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import vllm_watchdog
 from vllm_watchdog.gateway.histogram import Histogram
 from vllm_watchdog.gateway.metrics import GatewayCollector, families
 from vllm_watchdog.gateway.replies import upstream_failure
 from vllm_watchdog.gateway.signals import SessionSignals
 from vllm_watchdog.gateway.snapshot import (
+    PROXY_REFUSALS,
     UPSTREAM_ERROR_KINDS,
     GateSnapshot,
     GatewaySnapshot,
@@ -20,6 +24,7 @@ from vllm_watchdog.gateway.snapshot import (
     ProxySnapshot,
     SessionStats,
 )
+from vllm_watchdog.listener import REFUSALS
 from vllm_watchdog.sources.exposition import parse
 
 P = "vllm_watchdog_gateway_"
@@ -88,6 +93,9 @@ def key(name: str, **labels: str) -> Series:
     return (P + name, frozenset(labels.items()))
 
 
+ZERO_REFUSALS = set(REFUSALS + PROXY_REFUSALS) - {"admin_path", "header_too_large"}
+
+
 def test_gate_and_proxy_series_exact() -> None:
     got = samples(render(snapshot()))
     t = {"target": "llama"}
@@ -114,6 +122,7 @@ def test_gate_and_proxy_series_exact() -> None:
         key("client_timeouts_total", **t): 5,
         key("refused_total", reason="admin_path", **t): 3,
         key("refused_total", reason="header_too_large", **t): 1,
+        **{key("refused_total", reason=r, **t): 0 for r in ZERO_REFUSALS},  # every known reason from 0
         key("connections", **t): 9,
         key("connections_evicted_total", **t): 4,
         key("upstream_backoffs_total", **t): 6,
@@ -285,3 +294,12 @@ def test_every_upstream_failure_kind_is_exported_from_zero() -> None:
     assert {
         kind: got[key("upstream_errors_total", kind=kind, target="llama")] for kind in kinds
     } == dict.fromkeys(kinds, 0)
+
+
+def test_every_refusal_reason_in_the_source_is_exported_from_zero() -> None:
+    root = Path(vllm_watchdog.__file__).parent
+    source = (root / "listener.py").read_text() + (root / "gateway" / "proxy.py").read_text()
+    used = set(re.findall(r'(?:_refuse\(send, \d+|refusal\(\d+|count_refusal\()\s*,?\s*"(\w+)"', source))
+    assert len(used) >= 8 and used <= set(REFUSALS + PROXY_REFUSALS), used - set(REFUSALS + PROXY_REFUSALS)
+    got = samples(render(replace(snapshot(), proxy=replace(snapshot().proxy, refused_total={}))))
+    assert {r: got[key("refused_total", reason=r, target="llama")] for r in used} == dict.fromkeys(used, 0)

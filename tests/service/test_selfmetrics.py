@@ -17,6 +17,7 @@ from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.auditlog import OUTCOMES
 from vllm_watchdog.errors import SCRAPE_ERROR_KINDS
+from vllm_watchdog.listener import REFUSALS
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +108,8 @@ async def test_every_notifier_and_rule_group_has_its_counters(
     for name in ("rule_group_evaluations_total", "rule_evaluation_failures_total"):
         groups = values(metrics[f"vllm_watchdog_{name}"], "rule_group")
         assert [g.endswith("quiet.rules.yml;quiet") for (g,) in groups] == [True], (name, groups)
+
+
+async def test_every_api_refusal_reason_starts_at_zero(metrics: dict[str, dict[Labels, float]]) -> None:
+    got = values(metrics["vllm_watchdog_api_refused_total"], "reason")
+    assert got == {(reason,): 0.0 for reason in REFUSALS}

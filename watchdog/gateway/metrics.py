@@ -8,7 +8,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .snapshot import UPSTREAM_ERROR_KINDS, GatewaySnapshot, HistogramSnapshot, SessionStats
+from ..listener import REFUSALS
+from .snapshot import PROXY_REFUSALS, UPSTREAM_ERROR_KINDS, GatewaySnapshot, HistogramSnapshot, SessionStats
 
 _PREFIX = "vllm_watchdog_gateway_"
 
@@ -79,7 +80,7 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
             "Requests and connections the gateway refused itself (also counted in responses), by reason.",
             t,
             "reason",
-            p.refused_total,
+            dict.fromkeys(REFUSALS + PROXY_REFUSALS, 0) | dict(p.refused_total),
             counter=True,
         ),
         _gauge("connections", "Open client connections.", t, p.connections),

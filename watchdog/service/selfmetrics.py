@@ -14,7 +14,7 @@ from ..actions.plane import NOTIFY_DB
 from ..actions.state import ACTIONS_DB
 from ..errors import SCRAPE_ERROR_KINDS
 from ..fdlimits import FdReserve, open_fds, soft_limit
-from ..listener import Listener
+from ..listener import REFUSALS, Listener
 from ..ruler.evaluation import STATE_FILE, RuleEvaluation
 from ..ruler.groups import key_name
 from ..sources.enginestate import STATE_SERIES
@@ -317,6 +317,6 @@ class ListenerCollector(Collector):
             "Requests or connections refused below the application, by reason.",
             labels=["reason"],
         )
-        for reason, n in sorted(listener.refused.items()):
+        for reason, n in sorted((dict.fromkeys(REFUSALS, 0) | listener.refused).items()):
             refused.add_metric([reason], n)
         yield refused
