@@ -1,9 +1,10 @@
 """Every dashboard query and every bundled rule's selectors return data from a real Prometheus, in three setups.
 
 One Prometheus 2.42 (Debian package) scrapes every second, set up as deploy/prometheus.yml sets it up (vLLM's
-own instance and a watchdog target's name, the watchdogs with honor_labels and their ALERTS dropped, the bundled rules
-evaluated): the session's real vLLM 0.32 (job "vllm"), a dcgm-exporter stand-in serving a fixture (job "dcgm": no
-GPU here, the only stand-in), and three real watchdog processes (job "vllm-watchdog"), one per setup:
+own instance and a watchdog target's name, the watchdogs with honor_labels and their ALERTS dropped, the
+bundled rules evaluated): the session's real vLLM 0.32 (job "vllm"), a dcgm-exporter stand-in serving a fixture
+(job "dcgm": no GPU here, the only stand-in), and three real watchdog processes (job "vllm-watchdog"), one per
+setup:
 - monitoring: targets (one of them dead), the dcgm source, rules and a webhook; no gateway, no actions;
 - gateway: the same with its gateway in front of vLLM;
 - remediation: a gateway, and an action routed from a rule.
@@ -170,8 +171,9 @@ routes:
 
 def prometheus_config(vllm: str, watchdog_ports: list[int], dcgm_port: int) -> str:
     """Scrape and rule settings as deploy/prometheus.yml has them, every second: vLLM keeps Prometheus' own
-    instance (host:port, as the watchdogs label it too) and carries a watchdog target's name, the watchdogs are scraped with honor_labels and their ALERTS dropped (Prometheus writes its
-    own from the same rules), and the bundled rules are evaluated."""
+    instance (host:port, as the watchdogs label it too) and carries a watchdog target's name, the watchdogs are
+    scraped with honor_labels and their ALERTS dropped (Prometheus writes its own from the same rules), and the
+    bundled rules are evaluated."""
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "rules" / "*.rules.yml")],
