@@ -39,7 +39,6 @@ VLLM_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "0",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # with the executor below: two processes, not three
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
@@ -263,8 +262,7 @@ class VllmRuntime:
         """Arguments for `client.containers.create` that run vLLM like scripts/serve-vllm.sh does."""
         args = [
             "--model", self.model, "--served-model-name", "tiny-llama", "--host", "127.0.0.1",
-            "--port", str(port), "--max-model-len", "2048", "--enforce-eager",
-            "--distributed-executor-backend", "uni", *extra_args,
+            "--port", str(port), "--max-model-len", "2048", "--enforce-eager", *extra_args,
         ]  # fmt: skip
         return {
             "image": image,
