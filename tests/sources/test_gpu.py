@@ -86,7 +86,7 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient() as client:
             got = await wait_for(
-                client, base + "/api/v1/series?match=DCGM_FI_DEV_GPU_TEMP", lambda j: len(j["data"]) == 2
+                client, base + "/api/v1/samples?match=DCGM_FI_DEV_GPU_TEMP", lambda j: len(j["data"]) == 2
             )
             jobs = sorted(s["labels"]["job"] for s in got["data"])  # type: ignore[index]
             assert jobs == ["dcgm", "nvml"]
