@@ -58,6 +58,7 @@ class RuleEvaluation:
         self.monotonic = monotonic
         self.stats = EvaluationStats()
         self.last_eval: dict[tuple[str, str], float] = {}
+        self.last_trigger: dict[tuple[str, str], float] = {}  # scraped_at of the scrape that last set it off
         self.config = config
         self.groups = groups
         self.engine = Engine(
@@ -109,21 +110,28 @@ class RuleEvaluation:
         """How often a group is evaluated."""
         return float(self.manager.interval(key))
 
-    def after_scrape(self, now: float) -> None:
-        """Embedded backend: evaluate, right after a scrape, every group that is (nearly) due.
+    def after_scrape(self, now: float, scraped_at: float | None = None) -> None:
+        """Embedded backend: evaluate, right after a scrape, every group that is due.
 
         This is what makes detection sub-second: a group waits for fresh samples instead of running on a
         phase of its own, which would add up to one more interval between a scrape and the evaluation that
-        sees it. A group counts as due half a scrape interval early, so with one target every scrape triggers
-        an evaluation of a group whose interval equals the scrape interval.
+        sees it. A group is due when the scrape that just landed started (`scraped_at`, on the schedule) at
+        least its interval after the scrape that last set it off, less a tenth of a scrape interval for the
+        loop's jitter: with one target every scrape sets off a group whose interval is the scrape interval,
+        and with many targets spread over the interval a group still runs once per interval, as in
+        Prometheus (a slack of half an interval ran it up to twice as often).
         """
         if self.remote is not None:
             return
-        slack = self.config.global_.scrape_interval / 2
+        started = now if scraped_at is None else scraped_at
+        slack = self.config.global_.scrape_interval / 10
         for key in self.manager.group_keys():
-            last = self.last_eval.get(key)
-            if last is None or now - last >= self.interval(key) - slack:
+            last = self.last_trigger.get(key)
+            if last is None or started - last >= self.interval(key) - slack:
+                before = self.last_eval.get(key)
                 self._evaluate_embedded(key, now)
+                if self.last_eval.get(key) != before:  # it ran (not held back before the first scrape)
+                    self.last_trigger[key] = started
 
     async def evaluate(self, key: tuple[str, str], now: float) -> None:
         """The periodic job of one group: remote queries run in threads, state changes stay on the loop.

@@ -203,7 +203,7 @@ class Daemon:
     async def _scrape(self, name: str, now: float) -> None:
         """Scrape one target, then evaluate the rule groups that are due on the fresh samples."""
         await self.monitor.scrape(name, now)
-        self.evaluation.after_scrape(self.clock())
+        self.evaluation.after_scrape(self.clock(), scraped_at=now)
 
     async def _gateway_tick(self, now: float) -> None:
         """The gateway's signals go straight into the sample store: no scrape, no lag."""
