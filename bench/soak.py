@@ -162,7 +162,8 @@ def watchdog_config(
         serve = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(vllm_port)]
         target["command"] = [*serve, "--enable-prompt-tokens-details", *opts.vllm_args]
         target["env"] = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /is_paused
-    bundled = yaml.safe_load((ROOT / "rules" / "watchdog.yml").read_text())["actions"]["session-breaker"]
+    defaults = ROOT / "watchdog" / "defaults" / "watchdog.yml"  # the bundled actions and routes
+    bundled = yaml.safe_load(defaults.read_text())["actions"]["session-breaker"]
     cfg["actions"] = {"session-breaker": {**bundled, "duration": f"{opts.breaker:g}s"}}
     cfg["notifiers"] = [{"type": "webhook", "name": "soak", "url": hook}]
     cfg["dry_run"] = False

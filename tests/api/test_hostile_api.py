@@ -242,9 +242,14 @@ def test_clients_holding_every_descriptor_do_not_stop_scrapes_or_flood_the_log(
         held = _hold(port, HOLD)
         time.sleep(1.0)
         before = sum(1 for _, path, _ in fault.requests if path == "/metrics")
-        time.sleep(4.0)  # four scrape intervals while the clients hold on
-        scraped = sum(1 for _, path, _ in fault.requests if path == "/metrics") - before
-        assert scraped >= 3, f"{scraped} scrapes in 4 s while clients held {HOLD} connections"
+        # Scrapes go on while the clients hold on: three more, each needing a new descriptor. How long they
+        # take is the machine's business (a loaded one once fitted only two in 4 s), so the bound is loose.
+        deadline = time.monotonic() + 60
+        scraped = 0
+        while scraped < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            scraped = sum(1 for _, path, _ in fault.requests if path == "/metrics") - before
+        assert scraped >= 3, f"{scraped} scrapes in 60 s while clients held {HOLD} connections"
         assert proc.poll() is None
         for s in held:
             s.close()

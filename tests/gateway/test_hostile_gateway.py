@@ -290,7 +290,15 @@ def test_api_connection_cap_keeps_the_api_answering(api: DaemonThread) -> None:
         listener = api.daemon.api_listener
         assert len(listener.connections) <= 64
         assert listener.refused["connection_limit"] >= 64
-        assert json_refusal(read_all(trickling[0]), 503)["status"] == "error"
+        # The first batch made room for the later ones: each got a JSON 503, or, where the machine was slow
+        # enough for its header deadline to pass first, a JSON 408 (both end the connection; the count above
+        # shows the cap did the evicting).
+        replies = [read_all(s) for s in trickling[:64]]
+        codes = [split(raw)[0] for raw in replies]
+        assert set(codes) <= {503, 408}, codes
+        assert all(
+            json_refusal(raw, code)["status"] == "error" for raw, code in zip(replies, codes, strict=True)
+        )
     finally:
         close_all(trickling)
 
