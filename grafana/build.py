@@ -1,7 +1,7 @@
 """Generate the dashboards in grafana/dashboards/: `python grafana/build.py` (`--check`: only compare).
 
-The dashboards are defined in board_*.py from the blocks in panels.py. tests/shipped/test_grafana_dashboards.py fails
-while the committed JSON differs from what this writes.
+The dashboards are defined in board_*.py from the blocks in panels.py.
+tests/shipped/test_grafana_dashboards.py fails while the committed JSON differs from what this writes.
 """
 
 from __future__ import annotations

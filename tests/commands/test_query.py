@@ -35,7 +35,7 @@ def test_one_dead_target_of_two_is_a_warning(
     cfg = write_config(tmp_path, target(fault.url, "live"), dead, port=free_port())
     assert main(["query", "-c", str(cfg), RUNNING]) == EXIT_OK
     captured = capsys.readouterr()
-    assert RUNNING in captured.out and "\"live\"" in captured.out and "=> 1 @[" in captured.out
+    assert RUNNING in captured.out and '"live"' in captured.out and "=> 1 @[" in captured.out
     assert "target dead: scrape failed" in captured.err
 
 

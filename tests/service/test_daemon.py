@@ -99,7 +99,9 @@ async def test_api_shows_targets_series_metrics(daemon: tuple[Daemon, str, Path]
         assert (await client.get(base + "/api/v1/series")).status_code == 400
         metrics = (await client.get(base + "/metrics")).text
         assert f'vllm_watchdog_target_up{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
-        assert f'vllm_watchdog_canary_success{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
+        assert (
+            f'vllm_watchdog_canary_success{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
+        )
         assert f'vllm_watchdog_target_info{{instance="{hostport}",job="vllm",target="vllm-0"}} 1.0' in metrics
         assert "vllm_watchdog_build_info{" in metrics and "vllm_watchdog_store_series" in metrics
         assert (await client.get(base + "/healthz")).json() == {"status": "ok"}

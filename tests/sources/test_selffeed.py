@@ -124,7 +124,9 @@ async def test_in_process_rules_see_the_watchdogs_own_metrics(tmp_path: Path, fa
             hostport = fault.url.removeprefix("http://")  # Prometheus' instance of the scrape, and the name
             assert (scraped["job"], scraped["instance"], scraped["target"]) == ("vllm", hostport, "vllm-0")
             # only the families the rules read are stored
-            series = await client.get(base + "/api/v1/samples", params={"match": "vllm_watchdog_store_series"})
+            series = await client.get(
+                base + "/api/v1/samples", params={"match": "vllm_watchdog_store_series"}
+            )
             assert series.json()["data"] == []
     finally:
         d.stop()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 # Every kind of upstream_errors_total (gateway/replies.py and the proxy's client_disconnect); each is exported
 # from 0, so that a panel or rule sees the first error as an increase.
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "client_disconnect")
-# The proxy's own refusals (refused_total), besides its listener's (listener.REFUSALS); each is exported from 0.
+# The proxy's own refusals (refused_total), besides its listener's (listener.REFUSALS); each exported from 0.
 PROXY_REFUSALS = ("bad_path", "admin_path", "upgrade_not_supported", "body_too_large")
 
 # Upper bounds (seconds) of the gateway's latency histograms; +Inf is implied.
