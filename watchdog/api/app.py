@@ -30,13 +30,13 @@ from ..ruler.evaluation import RuleEvaluation
 from ..sources.monitor import Monitor
 from ..store import is_stale
 from .control import (
-    BadRequest,
     ControlGuard,
     bad_request,
     control_routes,
     error_response,
     gateway_unreachable,
 )
+from .inbound import BadRequest
 from .jsonbodies import JSONAnswer
 from .prometheus import MAX_BODY as MAX_QUERY_BODY
 from .prometheus import READ_POSTS, QueryOptions, query_routes

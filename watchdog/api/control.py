@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -24,9 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
 from ..gateway.handle import GatewayControl
-from ..matchers import make_matcher, parse_matcher
-from ..notifiers.alert import OutgoingAlert
 from ..redact import Redactor
+from .inbound import BadRequest, inbound_alerts, rfc3339, silence_matchers, string_field
 from .jsonbodies import JSONAnswer, parse
 from .promjson import ERROR_STATUS
 
@@ -38,10 +36,6 @@ MAX_HISTORY = 10_000  # rows of GET /api/v1/actions?limit=
 READ_METHODS = frozenset({"GET", "HEAD"})  # the only methods that need no token
 DRAIN_BYTES = 2 * MAX_BODY  # read and dropped before a refusal, so that the client reads it (then: close)
 DRAIN_SECONDS = 2.0
-
-
-class BadRequest(ValueError):
-    """A request body problem; the message names the field (400)."""
 
 
 class BodyTooLarge(ValueError):
@@ -193,93 +187,6 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     return value
 
 
-def _string(data: dict[str, Any], key: str, where: str = "", default: str | None = None) -> str:
-    value = data.get(key, default)
-    if not isinstance(value, str):
-        raise BadRequest(f"{where}{key}: must be a string")
-    return value
-
-
-def _labels(value: object, where: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise BadRequest(f"{where}: must be an object of string values")
-    return dict(value)
-
-
-def _time(value: object, where: str) -> float | None:
-    """An RFC 3339 time as Alertmanager writes it; Go's zero time and absence are None."""
-    if value is None or value == "" or (isinstance(value, str) and value.startswith("0001-01-01")):
-        return None
-    if not isinstance(value, str):
-        raise BadRequest(f"{where}: must be an RFC 3339 time string")
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise BadRequest(f"{where}: not an RFC 3339 time: {value!r}") from None
-
-
-def inbound_alerts(data: dict[str, Any], now: float) -> list[OutgoingAlert]:
-    """Alerts from an Alertmanager webhook body (version 4); BadRequest names the bad field."""
-    alerts = data.get("alerts")
-    if not isinstance(alerts, list):
-        raise BadRequest("alerts: must be a list")
-    out: list[OutgoingAlert] = []
-    for i, a in enumerate(alerts):
-        where = f"alerts[{i}]"
-        if not isinstance(a, dict):
-            raise BadRequest(f"{where}: must be an object")
-        status = a.get("status", data.get("status", "firing"))
-        if status not in ("firing", "resolved"):
-            raise BadRequest(f"{where}.status: must be 'firing' or 'resolved'")
-        labels = _labels(a.get("labels"), f"{where}.labels")
-        annotations = _labels(a.get("annotations", {}), f"{where}.annotations")
-        starts = _time(a.get("startsAt"), f"{where}.startsAt") or now
-        ends = _time(a.get("endsAt"), f"{where}.endsAt")
-        url = a.get("generatorURL", "")
-        out.append(
-            OutgoingAlert(
-                labels,
-                annotations,
-                str(status),
-                starts,
-                ends or 0.0,
-                0.0,
-                url if isinstance(url, str) else "",
-            )
-        )
-    # One label set is one alert (Alertmanager's fingerprint): a repeat in one batch is routed once, the last.
-    unique = {tuple(sorted(a.labels.items())): a for a in out}
-    return list(unique.values())
-
-
-def _silence_matchers(value: object) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise BadRequest("matchers: must be a non-empty list")
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(value):
-        if isinstance(m, str):
-            try:
-                parsed = parse_matcher(m)
-            except ValueError as exc:
-                raise BadRequest(f"matchers[{i}]: {exc}") from None
-            out.append({"name": parsed.name, "op": parsed.op, "value": parsed.value})
-        elif isinstance(m, dict):  # Alertmanager's silence shape
-            name = _string(m, "name", f"matchers[{i}].")
-            val = _string(m, "value", f"matchers[{i}].")
-            regex, equal = bool(m.get("isRegex", False)), bool(m.get("isEqual", True))
-            op = ("=~" if equal else "!~") if regex else ("=" if equal else "!=")
-            try:
-                make_matcher(name, op, val)
-            except ValueError as exc:
-                raise BadRequest(f"matchers[{i}]: {exc}") from None
-            out.append({"name": name, "op": op, "value": val})
-        else:
-            raise BadRequest(f'matchers[{i}]: must be a string like alertname="X" or an object')
-    return out
-
-
 def control_routes(
     remediator: Remediator,
     gateway: GatewayControl | None,
@@ -297,7 +204,7 @@ def control_routes(
 
     async def pause(request: Request) -> Response:
         body = await _body(request)
-        reason = _string(body, "reason", default="maintenance")
+        reason = string_field(body, "reason", default="maintenance")
         remediator.store.set_paused(True, reason, clock())
         return JSONAnswer({"status": "success", "paused": True, "reason": reason})
 
@@ -308,23 +215,23 @@ def control_routes(
     async def add_silence(request: Request) -> Response:
         body = await _body(request)
         now = clock()
-        matchers = _silence_matchers(body.get("matchers"))
-        ends = _time(body.get("endsAt"), "endsAt")
+        matchers = silence_matchers(body.get("matchers"))
+        ends = rfc3339(body.get("endsAt"), "endsAt")
         if ends is None:
             try:
-                ends = now + parse_duration(_string(body, "duration", default=""))
+                ends = now + parse_duration(string_field(body, "duration", default=""))
             except ValueError as exc:
                 raise BadRequest(f"set endsAt (RFC 3339) or duration (e.g. 2h): {exc}") from None
         if ends <= now:
             raise BadRequest("endsAt: must be in the future")
-        starts = _time(body.get("startsAt"), "startsAt") or now
+        starts = rfc3339(body.get("startsAt"), "startsAt") or now
         store = remediator.store
         sid = store.add_silence(
             matchers,
             starts,
             ends,
-            _string(body, "comment", default=""),
-            _string(body, "createdBy", default="api"),
+            string_field(body, "comment", default=""),
+            string_field(body, "createdBy", default="api"),
             now,
         )
         return JSONAnswer({"status": "success", "silenceID": sid})
@@ -374,17 +281,17 @@ def control_routes(
         if gateway is None:
             return error_response(404, "no gateway configured")
         body = await _body(request)
-        session = _string(body, "session")
+        session = string_field(body, "session")
         if not session:
             raise BadRequest("session: must not be empty")
         try:
-            given = _string(body, "duration", default="")
+            given = string_field(body, "duration", default="")
             duration = parse_duration(given) if given else gateway.breaker_default
         except ValueError as exc:
             raise BadRequest(f"duration: {exc}") from None
         if duration <= 0:
             raise BadRequest("duration: must be greater than 0")
-        reason = _string(body, "reason", default="opened by an operator")
+        reason = string_field(body, "reason", default="opened by an operator")
         await gateway.open_breaker(session, duration, reason)
         return JSONAnswer({"status": "success", "session": session, "seconds": duration})
 
