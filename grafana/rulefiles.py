@@ -10,16 +10,12 @@ from typing import Any
 import yaml
 
 from vllm_watchdog.promql.compile import (
-    Agg,
     Binary,
-    Call,
-    Neg,
     Node,
     Num,
     Paren,
-    RangeSel,
     Sel,
-    Subquery,
+    children,
     compile_plan,
 )
 
@@ -59,7 +55,7 @@ def _first(node: Node, metric: str) -> float | None:
             number = _bare(other)
             if isinstance(number, Num) and _reads(side, metric):
                 return number.value
-    for child in _children(node):
+    for child in children(node):
         found = _first(child, metric)
         if found is not None:
             return found
@@ -75,18 +71,4 @@ def _bare(node: Node) -> Node:
 def _reads(node: Node, metric: str) -> bool:
     if isinstance(node, Sel):
         return node.selector.name == metric
-    return any(_reads(child, metric) for child in _children(node))
-
-
-def _children(node: Node) -> list[Node]:
-    if isinstance(node, RangeSel):
-        return [node.sel]
-    if isinstance(node, (Subquery, Neg, Paren)):
-        return [node.expr]
-    if isinstance(node, Call):
-        return list(node.args)
-    if isinstance(node, Agg):
-        return [node.expr] + ([node.param] if node.param is not None else [])
-    if isinstance(node, Binary):
-        return [node.lhs, node.rhs]
-    return []
+    return any(_reads(child, metric) for child in children(node))

@@ -15,15 +15,8 @@ import pytest
 import yaml
 
 from vllm_watchdog.promql.compile import (
-    Agg,
-    Binary,
-    Call,
-    Neg,
-    Node,
-    Paren,
-    RangeSel,
     Sel,
-    Subquery,
+    children,
     compile_plan,
 )
 
@@ -90,21 +83,6 @@ def substitute(expr: str, names: set[str], interval: str) -> str:
         return ".*"
 
     return VARIABLE.sub(value, expr)
-
-
-def children(node: Node) -> list[Node]:
-    """The direct sub-expressions of a lowered PromQL node."""
-    if isinstance(node, RangeSel):
-        return [node.sel]
-    if isinstance(node, (Subquery, Neg, Paren)):
-        return [node.expr]
-    if isinstance(node, Call):
-        return list(node.args)
-    if isinstance(node, Agg):
-        return [node.expr] + ([node.param] if node.param is not None else [])
-    if isinstance(node, Binary):
-        return [node.lhs, node.rhs]
-    return []
 
 
 def selectors(expr: str) -> list[tuple[str | None, str]]:

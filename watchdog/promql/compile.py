@@ -212,6 +212,22 @@ class Paren:
 
 Node = Union[Num, Str, Sel, RangeSel, Subquery, Call, Agg, Binary, Neg, Paren]  # noqa: UP007 (runtime alias, py3.10)
 
+
+def children(node: Node) -> list[Node]:
+    """The direct sub-expressions of a lowered node (for walking a plan: which selectors, which constants)."""
+    if isinstance(node, RangeSel):
+        return [node.sel]
+    if isinstance(node, (Subquery, Neg, Paren)):
+        return [node.expr]
+    if isinstance(node, Call):
+        return list(node.args)
+    if isinstance(node, Agg):
+        return [node.expr] + ([node.param] if node.param is not None else [])
+    if isinstance(node, Binary):
+        return [node.lhs, node.rhs]
+    return []
+
+
 _CARD = {
     "VectorMatchCardinality.OneToOne": "one-to-one",
     "VectorMatchCardinality.ManyToOne": "many-to-one",
