@@ -27,15 +27,15 @@ def test_instance_is_the_scrape_address_as_prometheus_derives_it(url: str, insta
 def test_job_is_vllm_unless_the_config_or_the_target_names_one() -> None:
     text = """
 targets:
-  - {name: a, url: "http://10.0.0.5:8000"}
-  - {name: b, url: "http://10.0.0.6:8000", job: vllm-canary, labels: {env: prod}}
+  - {name: a, url: "http://127.0.0.1:8000"}
+  - {name: b, url: "http://127.0.0.1:8001", job: vllm-canary, labels: {env: prod}}
 """
     a, b = parse_config(text, "w.yml", env={}).targets
-    assert a.series_labels == {"job": "vllm", "instance": "10.0.0.5:8000", "target": "a"}
+    assert a.series_labels == {"job": "vllm", "instance": "127.0.0.1:8000", "target": "a"}
     assert b.series_labels == {
         "env": "prod",
         "job": "vllm-canary",
-        "instance": "10.0.0.6:8000",
+        "instance": "127.0.0.1:8001",
         "target": "b",
     }
     a, b = parse_config("global: {job: inference}\n" + text, "w.yml", env={}).targets

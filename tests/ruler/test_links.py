@@ -33,12 +33,12 @@ def _sent(tmp_path: Path, config_text: str) -> dict[str, OutgoingAlert]:
     rules = tmp_path / "r.yml"
     rules.write_text(RULES)
     config = parse_config(
-        config_text + f"rule_files: [{rules}]\ntargets: [{{name: v, url: 'http://10.0.0.5:8000'}}]\n",
+        config_text + f"rule_files: [{rules}]\ntargets: [{{name: v, url: 'http://127.0.0.1:8000'}}]\n",
         str(tmp_path / "w.yml"),
         env={},
     )
     store = SampleStore(retention=600.0)
-    labels = {"job": "vllm", "instance": "10.0.0.5:8000", "target": "v"}
+    labels = {"job": "vllm", "instance": "127.0.0.1:8000", "target": "v"}
     store.append(make_labels("vllm:num_requests_waiting", labels), int(NOW * 1000), 5.0)
     sent: list[OutgoingAlert] = []
     ev = RuleEvaluation(
@@ -65,7 +65,7 @@ def test_a_relative_runbook_url_resolves_against_the_runbook_base(tmp_path: Path
     assert sent["Backlog"].annotations["runbook_url"] == (
         "https://docs.example/vllm-watchdog/v0.1/docs/runbooks.md#backlog"
     )
-    assert sent["Backlog"].annotations["summary"] == "10.0.0.5:8000"
+    assert sent["Backlog"].annotations["summary"] == "127.0.0.1:8000"
     assert sent["Elsewhere"].annotations["runbook_url"] == "https://wiki.example/vllm#elsewhere"
 
 
