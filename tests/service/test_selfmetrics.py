@@ -11,6 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ruler.test_evaluation import start
 from tests.service.test_daemon import PAYLOAD
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
@@ -18,7 +19,6 @@ from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.auditlog import OUTCOMES
 from vllm_watchdog.errors import SCRAPE_ERROR_KINDS
 from vllm_watchdog.listener import REFUSALS
-from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.anyio
 RULES = """
@@ -54,12 +54,7 @@ notifiers:
   - {{type: webhook, name: hook-b, url: "{fault.url}/b"}}
 """,
     )
-    d = Daemon.load(DaemonOptions(str(cfg), env={}))
-    ready = asyncio.Event()
-    task = asyncio.create_task(d.run(ready))
-    await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=20, return_when="FIRST_COMPLETED")
-    if task.done():
-        task.result()
+    d, task = await start(cfg)
     async with httpx.AsyncClient(timeout=10) as c:
         text = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
     d.stop()
