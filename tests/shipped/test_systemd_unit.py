@@ -402,13 +402,13 @@ include: ["bundled:watchdog.yml"]
         reloaded = 'vllm_watchdog_config_reloads_total{result="success"} 1.0'
         _poll(lambda: reloaded in httpx.get(base + "/metrics", timeout=5).text, log)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, f"exit {proc.returncode}; log: {log.read_text()[-3000:]}"
+        assert _exit_code(proc, log) == 0, f"exit {proc.returncode}; log: {log.read_text()[-3000:]}"
         notify.wait_for("STOPPING=1", 1, 5, log)
         # The gateway is not the daemon's child here: it outlives the daemon's stop, and stops on its own SIGTERM.
         resp = httpx.post(f"http://127.0.0.1:{gw}/v1/completions", json=body, timeout=120)
         assert resp.status_code == 200, resp.text
         gateway.send_signal(signal.SIGTERM)
-        assert gateway.wait(timeout=60) == 0, f"exit {gateway.returncode}; log: {log.read_text()[-3000:]}"
+        assert _exit_code(gateway, log) == 0, f"exit {gateway.returncode}; log: {log.read_text()[-3000:]}"
         gateway_notify.wait_for("STOPPING=1", 1, 5, log)
     finally:
         for p in procs:
@@ -417,6 +417,17 @@ include: ["bundled:watchdog.yml"]
                 p.wait(timeout=30)
         notify.close()
         gateway_notify.close()
+
+
+def _exit_code(proc: subprocess.Popen[bytes], log: Path, limit: float = 60.0) -> int:
+    """The exit code of a process told to stop; one that does not stop within `limit` fails the test with the
+    end of the log (a TimeoutExpired alone says nothing of why)."""
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"{proc.args} did not stop within {limit}s; log: {log.read_text()[-3000:]}"
+        ) from None
 
 
 def _exec_start(unit: Path, config: Path) -> list[str]:
