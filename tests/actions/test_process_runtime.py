@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from tests.support.clock import Clock
-from tests.support.vllm_server import READY_TIMEOUT, ROOT, free_port
+from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.args import set_args
 from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
-from vllm_watchdog.actions.procfs import ProcStat, read_stat
+from vllm_watchdog.actions.procfs import read_stat
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.errors import ActionError
 
@@ -412,47 +412,3 @@ async def test_unreadable_state_file_is_ignored(tmp_path: Path, make: Callable[.
     assert await runtime.ensure_running() is True
     await health(port)
     assert oct(path.stat().st_mode & 0o777) == "0o600"  # argv may hold an API key
-
-
-@pytest.mark.vllm
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-async def test_real_vllm_is_adopted_and_stopped_with_its_engine(
-    tmp_path: Path, make: Callable[..., ProcessRuntime]
-) -> None:
-    port = free_port()
-    command = ["bash", str(ROOT / "scripts" / "serve-vllm.sh"), "--port", str(port), "--max-num-seqs", "1"]
-    first = make(command=command)
-    assert await first.ensure_running() is True
-    await ready(port, first)
-    leader = int(state(tmp_path)["child"]["pid"])  # type: ignore[index]
-    session = [s.pid for s in all_in_session(leader)]
-    assert len(session) >= 2  # the API server and vLLM's engine core
-
-    second = make(command=command)  # the watchdog restarted
-    assert await second.ensure_running() is False
-    assert marked_leaders(tmp_path / "state") == [leader]
-    await second.stop(60.0)
-    assert all_in_session(leader) == []
-    assert all(not alive(pid) for pid in session)
-
-
-def all_in_session(leader: int) -> list[ProcStat]:
-    stats = (read_stat(int(name)) for name in os.listdir("/proc") if name.isdigit())
-    return [s for s in stats if s is not None and s.session == leader and not s.gone]
-
-
-async def ready(port: int, runtime: ProcessRuntime) -> None:
-    """Wait (bounded by the shared READY_TIMEOUT) until vLLM answers /health."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_TIMEOUT
-    async with httpx.AsyncClient(trust_env=False) as client:
-        while loop.time() < deadline:
-            if not await runtime.is_running():
-                raise AssertionError(f"vLLM exited with {runtime.exit_code()}")
-            try:
-                if (await client.get(f"http://127.0.0.1:{port}/health", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"vLLM not ready after {READY_TIMEOUT}s")

@@ -1,5 +1,9 @@
-"""Process mode end to end: the watchdog launches a real vLLM, restarts it on an inbound alert, and a
-watchdog killed with SIGKILL mid-restart comes back, adopts the child, finishes the action and undrains."""
+"""Process mode end to end: the watchdog launches a real vLLM, restarts it on an inbound alert (the stop takes
+the API server's whole session, EngineCore and worker included), and a watchdog killed with SIGKILL
+mid-restart comes back, adopts the child, finishes the action and undrains.
+
+The runtime's own tests (tests/actions/test_process_runtime.py) show adoption and whole-session stops with a
+small stand-in child; this is the one real vLLM they are proved on."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.chaos.test_engine import session_members
 from tests.support.configs import AUTH, target, write_config
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import (
@@ -47,6 +52,8 @@ def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[]
     base = f"http://127.0.0.1:{port}"
 
     first, original = start_with_process_target(cfg, log, base, vport, cleanup)
+    members = session_members(original)
+    assert len(members) >= 3, members  # the API server, its EngineCore and the worker
     hung = inbound_alert("VLLMEngineHung", "vllm-p")
     assert httpx.post(base + "/api/v1/alertmanager", json=hung, timeout=10).status_code == 401
     resp = httpx.post(base + "/api/v1/alertmanager", json=hung, headers=AUTH, timeout=10)
@@ -75,6 +82,7 @@ def test_kill_9_mid_restart_reconciles(tmp_path: Path, cleanup: list[Callable[[]
     assert status["drained"] == {}
     servers = api_servers(vport)
     assert len(servers) == 1 and servers[0] != original  # restarted once, adopted, never started twice
+    assert session_members(original) == []  # the stop took the engine core and the worker with the server
     body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4}
     assert httpx.post(f"http://127.0.0.1:{vport}/v1/completions", json=body, timeout=60).status_code == 200
     state = json.loads((tmp_path / "state" / "process-vllm-p.json").read_text())
