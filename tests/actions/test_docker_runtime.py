@@ -1,9 +1,10 @@
-"""DockerRuntime against a real Docker engine: cheap server containers first, then one real vLLM container."""
+"""DockerRuntime against a real Docker engine, with cheap server containers.
+
+A real vLLM container goes through the same replace, rollback and commit end to end, through a running
+watchdog, in tests/actions/test_remediation_docker.py (disable_draft, a flag vLLM rejects, enable_draft)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,16 +16,12 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from tests.support.docker_engine import (
     ServerContainers,
-    VllmRuntime,
-    container_log,
     host_binds,
-    remove_container,
     session_labels,
     unique_name,
     wait_exited,
     wait_http,
 )
-from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX, DockerRuntime, create_request, launch_from_inspect
 from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.errors import ActionError, RefusedError
@@ -359,77 +356,3 @@ async def test_errors_are_action_errors_and_touch_nothing(
     with pytest.raises(ActionError, match="no answer from the Docker engine"):
         await unreachable.is_running()
     await unreachable.close()
-
-
-# -- one real vLLM container -----------------------------------------------------------------------
-
-
-def spec_decode_metrics(port: int) -> bool:
-    """Whether the server exports speculative-decoding metrics (it does only with a speculative config)."""
-    return "vllm:spec_decode_num_drafts" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-
-
-def complete(port: int) -> str:
-    """One short completion; its text."""
-    body = {"model": "tiny-llama", "prompt": "one two three one two three", "max_tokens": 8}
-    reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
-    reply.raise_for_status()
-    return str(reply.json()["choices"][0]["text"])
-
-
-async def test_vllm_container_reconfigure_with_rollback_and_commit(
-    docker_client: Any,
-    hostroot_image: str,
-    vllm_runtime: VllmRuntime,
-) -> None:
-    name, port = unique_name("vllm"), free_port()
-    health = f"http://127.0.0.1:{port}/health"
-    kwargs = vllm_runtime.create_kwargs(hostroot_image, name, port, ["--speculative-config", SPEC_CONFIG])
-    try:
-        docker_client.containers.run(**kwargs)
-        ready = wait_http(docker_client, name, health, timeout=300)
-        print(f"vLLM container ready in {ready:.1f}s")
-        assert spec_decode_metrics(port)
-        complete(port)
-        print("completion served")
-        original = dict(docker_client.containers.get(name).attrs)
-        # The runtime owns its client, as in the daemon: close() closes it.
-        runtime = DockerRuntime("tiny", name, docker.from_env(timeout=120))
-        launch = await runtime.launch()
-        flag = launch.args.index("--speculative-config")
-        assert launch.args[flag + 1] == SPEC_CONFIG
-
-        # A replacement that cannot start (vLLM rejects the flag), then a rollback to the very same container.
-        await runtime.replace(launch.with_args([*launch.args, "--no-such-flag"]), stop_timeout=30)
-        assert wait_exited(docker_client, name, timeout=180)["ExitCode"] != 0
-        print("replacement exited")
-        await runtime.rollback(stop_timeout=30)
-        back = dict(docker_client.containers.get(name).attrs)
-        assert back["Id"] == original["Id"]
-        assert back["Config"] == original["Config"]
-        assert back["HostConfig"] == original["HostConfig"]
-        ready = wait_http(docker_client, name, health, timeout=300)
-        print(f"vLLM ready again {ready:.1f}s after the rollback")
-        assert spec_decode_metrics(port)
-
-        # Drop the speculative config: the replacement serves without it, everything else kept.
-        began = time.monotonic()
-        await runtime.replace(launch.with_args(launch.args[:flag] + launch.args[flag + 2 :]), stop_timeout=30)
-        wait_http(docker_client, name, health, timeout=300)
-        print(f"vLLM replace + ready in {time.monotonic() - began:.1f}s")
-        replaced = dict(docker_client.containers.get(name).attrs)
-        assert "--speculative-config" not in replaced["Config"]["Cmd"]
-        same_but_cmd(original, replaced)
-        assert json.dumps(replaced["Config"]["Env"]) == json.dumps(original["Config"]["Env"])
-        assert complete(port)
-        assert not spec_decode_metrics(port)
-        await runtime.commit()
-        assert not await runtime.has_previous()
-        await runtime.close()
-    except BaseException:
-        with contextlib.suppress(docker.errors.NotFound):
-            print("vLLM container log:", container_log(docker_client.containers.get(name)))
-        raise
-    finally:
-        for ref in (name, name + BACKUP_SUFFIX):
-            remove_container(docker_client, ref)

@@ -1,7 +1,10 @@
 """Docker mode end to end, through a running watchdog, on one real vLLM container with ngram speculation:
-graceful restart on an alert, a flapping alert inside the cooldown, a budget that stops a restart loop,
-a rule on the draft acceptance rate that disables the draft, a forced failure that rolls back, and
-enable_draft putting the exact spec back."""
+graceful restart on an alert, a flapping alert inside the cooldown, a rule on the draft acceptance rate
+that disables the draft, a forced failure that rolls back, and enable_draft putting the exact spec back.
+
+Each step that starts vLLM costs a real start (45-110 s on 2 cores), so the restart budget is left to the
+stub containers of tests/chaos/test_engine.py (a crash loop in Docker mode stopped at the budget, with its
+alert), where a restart costs a second."""
 
 from __future__ import annotations
 
@@ -47,11 +50,9 @@ def _config(tmp_path: Path, port: int, container: str, vport: int, hook: str) ->
         rest=f"""rule_files: [spec.rules.yml]
 routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
-  - {{match: {{alertname: VLLMCrashy}}, actions: [restart_capped]}}
   - {{match: {{alertname: VLLMSpecAcceptanceLow}}, actions: [draft_off]}}
 actions:
   restart: {{type: restart, cooldown: 15m, {fast}}}
-  restart_capped: {{type: restart, cooldown: 0s, max_per_window: {{count: 1, window: 1h}}, {fast}}}
   draft_off: {{type: disable_draft, {fast}}}
   draft_on: {{type: enable_draft, {fast}}}
   broken: {{type: reconfigure, set: {{--not-a-vllm-flag: "1"}}, startup_grace: 0s, stop_timeout: 30s, ready_timeout: 4m}}
@@ -133,9 +134,7 @@ def _state(client: Any, name: str) -> dict[str, Any]:
     return dict(client.containers.get(name).attrs)
 
 
-async def test_restart_cooldown_budget_draft_rollback(
-    stack: tuple[str, str, int, Any], fault: FaultServer
-) -> None:
+async def test_restart_cooldown_draft_rollback(stack: tuple[str, str, int, Any], fault: FaultServer) -> None:
     base, name, vport, client = stack
     original = _state(client, name)
     async with httpx.AsyncClient(timeout=30) as c:
@@ -154,25 +153,7 @@ async def test_restart_cooldown_budget_draft_rollback(
         assert rows[0]["outcome"] == "skipped" and "cooldown" in rows[0]["reason"]
         assert _state(client, name)["State"]["StartedAt"] == after["State"]["StartedAt"]
 
-        # 3. A restart loop: the budget (1 per hour) allows one, then stops it and alerts.
-        await _alert(c, base, "VLLMCrashy")
-        await _settled(c, base, "restart_capped", 1)
-        started = _state(client, name)["State"]["StartedAt"]
-        await _alert(c, base, "VLLMCrashy")
-        capped = await _settled(c, base, "restart_capped", 2, limit=30)
-        assert [r["outcome"] for r in capped] == ["skipped", "succeeded"] and "budget" in capped[0]["reason"]
-        assert _state(client, name)["State"]["StartedAt"] == started
-        await wait_for(
-            c,
-            base + "/api/v1/actions",
-            lambda j: any(
-                a["labels"]["alertname"] == "VLLMWatchdogRestartBudgetExhausted"
-                for a in j["data"]["watchdog_alerts"]
-            ),
-            10,
-        )
-
-        # 4. Speculative traffic makes the acceptance rule fire; disable_draft relaunches without the spec.
+        # 3. Speculative traffic makes the acceptance rule fire; disable_draft relaunches without the spec.
         await wait_for(c, base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 60)
         traffic = [asyncio.create_task(_complete(vport, tokens=48)) for _ in range(4)]
         (off,) = await _settled(c, base, "draft_off", 1)
@@ -197,19 +178,21 @@ async def test_restart_cooldown_budget_draft_rollback(
         ):
             assert relaunched["HostConfig"][key] == original["HostConfig"][key], key
         await _complete(vport)
+        assert "vllm:spec_decode_num_drafts" not in (await c.get(f"http://127.0.0.1:{vport}/metrics")).text
         assert _state(client, name)["Id"] == relaunched["Id"]  # the alert resolved; no further relaunch
 
-        # 5. A forced failure (vLLM rejects the flag) rolls back to the very same container.
+        # 4. A forced failure (vLLM rejects the flag) rolls back to the very same container.
         run = await c.post(
             base + "/api/v1/actions/broken/run", json={"wait": True}, headers=AUTH, timeout=600
         )
         result = run.json()["result"]
         assert result["outcome"] == "rolled_back", result
         back = _state(client, name)
-        assert back["Id"] == relaunched["Id"] and back["Config"]["Cmd"] == relaunched["Config"]["Cmd"]
+        assert back["Id"] == relaunched["Id"]  # the very same container, as it was
+        assert (back["Config"], back["HostConfig"]) == (relaunched["Config"], relaunched["HostConfig"])
         await _complete(vport)
 
-        # 6. enable_draft puts the exact original spec back.
+        # 5. enable_draft puts the exact original spec back.
         run = await c.post(
             base + "/api/v1/actions/draft_on/run", json={"wait": True}, headers=AUTH, timeout=600
         )
