@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import httpx
 from ..background import Background
 from ..config.model import Config
 from ..config.targets import TargetConfig
+from ..fleet.budget import NO_BUDGET, DisruptionBudget, FleetBudget, FleetOptions
 from ..gateway.config import GatewayConfig
 from ..gateway.handle import GatewayControl, GatewayControlOptions
 from ..gateway.link import GatewayLink
@@ -45,6 +47,12 @@ def docker_from_env() -> Any:
 
 def _not_paused(target: str, now: float) -> str:
     return ""
+
+
+def fleet_member(config: Config) -> str:
+    """This watchdog's name in its fleet group: `fleet.member`, else <hostname>:<API port>."""
+    assert config.fleet is not None
+    return config.fleet.member or f"{socket.gethostname()}:{config.listen_port}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,12 @@ class ActionPlane:
                     queue_time=lambda: self.query_value(queue_time),
                 ),
             )
+        self.fleet = (
+            FleetBudget(config.fleet, FleetOptions(fleet_member(config), clock=clock, monotonic=monotonic))
+            if config.fleet is not None
+            else None
+        )
+        budget: DisruptionBudget = self.fleet if self.fleet is not None else NO_BUDGET
         self.remediator = Remediator(
             config,
             {k: v[1] for k, v in self.runtimes.items()},
@@ -133,6 +147,7 @@ class ActionPlane:
                 clock=clock,
                 monotonic=monotonic,
                 state=self.health,
+                budget=budget,
             ),
         )
 
@@ -173,6 +188,8 @@ class ActionPlane:
         if self.gateway is not None:
             await self.gateway.start()
             log.info("gateway started", extra={"listen": self.gateway.listen, "target": self.gateway.target})
+        if self.fleet is not None:
+            self._background.spawn(self.fleet.run(), "fleet:lease")
         self._background.spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
@@ -212,6 +229,8 @@ class ActionPlane:
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
                 self._background.spawn(runtime.close(), f"actions:close:{name}")
+        if config.fleet != self.config.fleet:
+            log.warning("fleet changes take effect only after a restart")
         self.config = config
         self._apply_gateway(config)
         self.hub.update(config.notifiers)
@@ -266,6 +285,8 @@ class ActionPlane:
             await self.gateway.aclose(grace=3.0)
         await self.remediator.aclose()
         self._background.cancel()
+        if self.fleet is not None:
+            await self.fleet.aclose()
         for _, runtime in self.runtimes.values():
             await runtime.close()
         await self.hub.aclose()
