@@ -143,7 +143,8 @@ class EtcdCluster:
     def log_tails(self) -> str:
         """The end of every member's log."""
         return "\n".join(
-            f"--- {m.name}: {m.log.read_text()[-1500:] if m.log.exists() else '(no log)'}" for m in self.members
+            f"--- {m.name}: {m.log.read_text()[-1500:] if m.log.exists() else '(no log)'}"
+            for m in self.members
         )
 
 

@@ -3,12 +3,12 @@
 To take a slot a member writes `<prefix>/<group>/slots/<member>/<target>/<nonce>` under its lease; etcd gives
 the key a create revision no other key has. The member holds a slot while its key is among the first N keys
 under `slots/` by create revision, N being `max_disrupted` of the live members (their keys under `members/`).
-One transaction reads, at one revision: the slot keys oldest first (names only, at most MAX_LINE), whether ours
-still exists, how many members are registered, and the oldest keys' values (to say who holds). Reads are linearizable and a key's
-create revision never changes, while every later key gets a higher one: a key among the first N stays there
-until it is deleted, so at any revision at most N keys hold a slot, whichever member asks and whatever etcd
-member answers, across leader changes. A waiter's key is deleted when it gives up or is cancelled, and by etcd
-when its lease expires.
+One transaction reads, at one revision: the slot keys oldest first (names only, at most MAX_LINE), whether
+ours still exists, how many members are registered, and the oldest keys' values (to say who holds). Reads
+are linearizable and a key's create revision never changes, while every later key gets a higher one: a key
+among the first N stays there until it is deleted, so at any revision at most N keys hold a slot, whichever
+member asks and whatever etcd member answers, across leader changes. A waiter's key is deleted when it gives
+up or is cancelled, and by etcd when its lease expires.
 
 A waiter that does not hold waits for a change under `slots/` (a watch, at most a third of the lease TTL, then
 it reads again), until `slot_wait` has passed: then it deletes its key and is refused.
