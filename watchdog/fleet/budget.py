@@ -121,9 +121,9 @@ class FleetBudget:
         if refusal:
             return self._refused(Grant(target, action, refusal))
         began = s.monotonic()
-        self.waiting[target] = (action, s.clock())
         try:
             slot = await self.semaphore.write(target, action)
+            self.waiting[target] = (action, s.clock())  # in line from here on
             held, why, standing = await self.semaphore.acquire(slot, began + self.config.slot_wait)
         except EtcdError as exc:
             return self._refused(Grant(target, action, f"fleet: etcd cannot be relied on: {exc}"))
@@ -187,6 +187,10 @@ class FleetBudget:
             "holding": {t: {"action": a, "since": at} for t, (a, at) in self.holding.items()},
             "refusals": self.refusals,
             "lost": self.lost,
+            "alerts": [
+                {"labels": dict(a.labels), "annotations": dict(a.annotations), "startsAt": a.starts_at}
+                for a in self.own_alerts.firing.values()
+            ],
         }
 
     def alerts(self, now: float) -> list[OutgoingAlert]:

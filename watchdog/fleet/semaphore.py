@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SHOWN_HOLDERS = 8  # holders named in a refusal or a status
 MAX_LINE = 1024  # slot keys read to find one's place; a key further back holds none (limits stop below)
 MIN_WAIT = 0.05  # a watch that ends at once (an error) is not retried sooner than this
+RETRY = 0.5  # a waiter whose read failed reads again this soon
 
 
 @dataclass(frozen=True)
@@ -116,38 +117,49 @@ class Semaphore:
 
     async def acquire(self, slot: Slot, deadline: float) -> tuple[bool, str, Standing | None]:
         """Wait until `slot` holds (True, "", its standing), or refuse (False, why, the last standing): at
-        `deadline` (monotonic), when etcd cannot be relied on, or when the key is gone (its lease expired).
-        The key is deleted on refusal and on cancellation."""
+        `deadline` (monotonic), or once the key is gone (its lease expired). A slot is held only when read
+        from etcd while the session is sound; a read that fails in between (a leader election, an outage)
+        keeps the place in line: etcd keeps the key for as long as the lease lives, and a new leader renews
+        every lease. The key is deleted on refusal and cancel."""
         s = self.session
         last: Standing | None = None
+        held = False
+        problem = ""
         try:
             while True:
-                refusal = s.refusal()
-                if refusal:
-                    return False, refusal, last
                 if s.generation != slot.generation:
                     return False, "fleet: the lease expired while waiting for a slot", last
-                last = await self.standing(slot)
-                if last.holds:
-                    return True, "", last
-                if not last.exists:
-                    return False, "fleet: the slot key vanished (its lease expired) while waiting", last
+                try:
+                    last = await self.standing(slot)
+                    problem = s.refusal()
+                except EtcdError as exc:
+                    problem = f"fleet: etcd cannot be relied on: {exc}"
+                if last is not None and not problem:
+                    if last.holds:
+                        held = True
+                        return True, "", last
+                    if not last.exists:
+                        return False, "fleet: the slot key vanished (its lease expired) while waiting", last
                 remaining = deadline - s.monotonic()
                 if remaining <= 0:
-                    return False, self._timed_out(last), last
+                    return False, problem or self._timed_out(last), last
                 began = s.monotonic()
                 wait = min(remaining, s.interval)
-                await s.client.watch_once(self.slots_prefix, last.revision, wait)
+                if problem:
+                    await s.sleep(min(wait, RETRY))
+                else:
+                    assert last is not None
+                    await s.client.watch_once(self.slots_prefix, last.revision, wait)
                 if s.monotonic() - began < MIN_WAIT:
                     await s.sleep(MIN_WAIT)
-        except EtcdError as exc:
-            return False, f"fleet: etcd cannot be relied on: {exc}", last
         finally:
-            if last is None or not last.holds:
+            if not held:
                 await self._forget(slot)
 
-    def _timed_out(self, standing: Standing) -> str:
+    def _timed_out(self, standing: Standing | None) -> str:
         c = self.config
+        if standing is None:
+            return f"fleet: waited {format_duration(c.slot_wait)} for a slot; etcd never answered"
         return (
             f"fleet: waited {format_duration(c.slot_wait)} for one of {standing.limit} slots of group "
             f"{c.group} ({standing.live} live members, max_disrupted {c.max_disrupted}); "
