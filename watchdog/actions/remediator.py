@@ -35,6 +35,7 @@ from .router import route, target_of
 from .runtime import Runtime
 from .selfalerts import WatchdogAlerts
 from .state import ActionStore
+from .status import actions_status
 from .supervisor import RESPAWN, respawn
 from .targetruntimes import UnavailableRuntime
 
@@ -395,36 +396,8 @@ class Remediator:
         self.reconciled.set()
 
     def status_json(self, now: float, limit: int = 100) -> dict[str, Any]:
-        """GET /api/v1/actions: history, queues, drains, pause, silences and budgets."""
-        paused, reason, since = self.store.paused()
-        budgets = {
-            f"{a.name}/{t.name}": self.rails.budget_left(a, t.name, now)
-            for a in self.config.actions.values()
-            for t in self.config.targets
-            if a.max_per_window is not None
-        }
-        return {
-            "status": "success",
-            "data": {
-                "dry_run": self.config.dry_run,
-                "state": {
-                    "writable": self.state is None or self.state.writable,
-                    "problem": "" if self.state is None else self.state.problem,
-                },
-                "paused": {"paused": paused, "reason": reason, "since": since},
-                "running": {t: j.action.name for t, j in self.current.items()},
-                "queued": {t: [j.action.name for j in q] for t, q in self.queues.items() if q},
-                "drained": self.store.drains(),
-                "budgets_left": budgets,
-                "silences": [s.to_json() for s in self.store.silences(now)],
-                "watchdog_alerts": self.alerts.json(),
-                "fleet": self.budget.json(),
-                "retries": self.retries.json(
-                    self.config.targets, self.config.actions.values(), self.rails, now
-                ),
-                "history": [r.to_json() for r in self.store.history(limit=limit)],
-            },
-        }
+        """GET /api/v1/actions: history, queues, drains, pause, silences, budgets and the fleet."""
+        return actions_status(self, now, limit)
 
     async def aclose(self) -> None:
         """Cancel workers; an action cut short stays "running" in the log and is reconciled at next start."""
