@@ -30,30 +30,44 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def members(etcd_cluster: EtcdCluster) -> AsyncIterator[Callable[..., FleetBudget]]:
-    """Makes joined members of a fresh group: `members(name, max_disrupted=..., slot_wait=...)`."""
+    """Makes joined members of a fresh group whose leases renew in the background, as a watchdog's do:
+    `members(name, max_disrupted=..., slot_wait=..., lease_ttl=..., renew=...)`."""
     made: list[FleetBudget] = []
+    renewals: list[asyncio.Task[None]] = []
     group = f"unit-{next(_groups)}"
 
     async def make(
-        name: str, max_disrupted: str = "1", slot_wait: float = 30.0, lease_ttl: float = 3
+        name: str, max_disrupted: str = "1", slot_wait: float = 30.0, lease_ttl: float = 3, renew: bool = True
     ) -> FleetBudget:
         cfg = FleetConfig(
             endpoints=tuple(etcd_cluster.endpoints),
             group=group,
             max_disrupted=parse_max_disrupted(max_disrupted),
             lease_ttl=lease_ttl,
-            request_timeout=1.0,
+            request_timeout=lease_ttl / 3,
             slot_wait=slot_wait,
         )
         budget = FleetBudget(cfg, FleetOptions(name))
         await budget.session.step()
         assert budget.session.refusal() == ""
         made.append(budget)
+        if renew:
+            renewals.append(asyncio.ensure_future(budget.run()))
         return budget
 
     yield make  # type: ignore[misc]
+    for task in renewals:
+        task.cancel()
     for budget in made:
         await budget.aclose()
+
+
+async def _until(pred: Callable[[], bool]) -> None:
+    for _ in range(int(LIMIT / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
 
 
 async def _slot_keys(budget: FleetBudget) -> list[bytes]:
@@ -89,8 +103,9 @@ async def test_a_percentage_counts_the_live_members(members: Callable[..., Fleet
     first = [await group[i].acquire("t", "restart") for i in range(2)]
     assert [g.refusal for g in first] == ["", ""]  # 50% of 4 live members: 2 slots
     waiter = asyncio.ensure_future(group[2].acquire("t", "restart"))
-    await asyncio.sleep(0.5)
-    assert not waiter.done() and "t" in group[2].waiting
+    await _until(lambda: "t" in group[2].waiting)  # in line
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
     await group[0].release(first[0])
     third = await asyncio.wait_for(waiter, LIMIT)
     assert third.refusal == "" and third.waited > 0
@@ -107,7 +122,7 @@ async def test_a_waiter_is_refused_after_slot_wait_naming_the_holder_and_leaves_
     refused = await asyncio.wait_for(waiter.acquire("vllm-1", "disable_draft"), LIMIT)
     assert refused.refusal.startswith("fleet: waited 500ms for one of 1 slots"), refused
     assert "held by holder/vllm-0 (restart)" in refused.refusal and "number 2 in line" in refused.refusal
-    assert await _slot_keys(holder) == [held.slot.key] if held.slot else False
+    assert held.slot is not None and await _slot_keys(holder) == [held.slot.key]  # the waiter's key is gone
     assert waiter.refusals == 1 and waiter.waiting == {}
 
 
@@ -115,10 +130,8 @@ async def test_a_cancelled_waiter_takes_its_key_out_of_line(members: Callable[..
     holder, waiter = await members("a"), await members("b")  # type: ignore[misc]
     held = await holder.acquire("t", "restart")
     task = asyncio.ensure_future(waiter.acquire("t", "restart"))
-    for _ in range(100):
-        if len(await _slot_keys(holder)) == 2:
-            break
-        await asyncio.sleep(0.05)
+    await _until(lambda: "t" in waiter.waiting)
+    assert len(await _slot_keys(holder)) == 2
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -126,24 +139,20 @@ async def test_a_cancelled_waiter_takes_its_key_out_of_line(members: Callable[..
 
 
 async def test_a_dead_members_slot_frees_when_its_lease_expires(members: Callable[..., FleetBudget]) -> None:
-    dead = await members("dead", lease_ttl=2)  # type: ignore[misc]
+    dead = await members("dead", lease_ttl=2, renew=False)  # type: ignore[misc]
     alive = await members("alive", lease_ttl=2)  # type: ignore[misc]
-    renew = asyncio.ensure_future(alive.run())
-    try:
-        assert (await dead.acquire("t", "restart")).refusal == ""
-        # `dead` never renews again, as a watchdog killed with SIGKILL: etcd deletes its keys after 2 s.
-        grant = await asyncio.wait_for(alive.acquire("t", "restart"), LIMIT)
-        assert grant.refusal == ""
-        members_left = await alive.client.get_prefix(alive.session.prefix + b"members/")
-        assert [kv.key.rsplit(b"/", 1)[1] for kv in members_left.kvs] == [b"alive"]
-    finally:
-        renew.cancel()
+    assert (await dead.acquire("t", "restart")).refusal == ""
+    # `dead` never renews again, as a watchdog killed with SIGKILL: etcd deletes its keys after 2 s.
+    grant = await asyncio.wait_for(alive.acquire("t", "restart"), LIMIT)
+    assert grant.refusal == ""
+    members_left = await alive.client.get_prefix(alive.session.prefix + b"members/")
+    assert [kv.key.rsplit(b"/", 1)[1] for kv in members_left.kvs] == [b"alive"]
 
 
 async def test_an_expired_lease_is_replaced_and_counts_the_slot_lost(
     members: Callable[..., FleetBudget],
 ) -> None:
-    member = await members("m")  # type: ignore[misc]
+    member = await members("m", renew=False)  # type: ignore[misc]
     grant = await member.acquire("t", "restart")
     await member.client.revoke(member.session.lease)  # as if etcd let it expire while cut off
     await member.session.step()
