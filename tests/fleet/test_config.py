@@ -74,3 +74,36 @@ def test_problems_name_file_line_and_field(text: str, where: str, message: str) 
 def test_the_correlated_hold_can_be_turned_off() -> None:
     cfg = parse_config("fleet: {correlated_share: null}\n", "c.yml").fleet
     assert cfg is not None and cfg.correlated_share is None
+
+
+def test_the_fleet_view_shows_what_members_published_bounded_and_printable() -> None:
+    from vllm_watchdog.fleet.members import MAX_SHOWN, format_members
+
+    table = format_members(
+        "g",
+        [
+            {
+                "member": "m0",
+                "targets": ["vllm-0"],
+                "alerts": ["VLLMEngineHung (vllm-0)"],
+                "running": {"vllm-0": "restart"},
+            },
+            {"member": "m1\x1b[2J", "targets": ["x" * 1000], "waiting": {"vllm-1": "disable_draft"}},
+        ],
+    )
+    lines = table.splitlines()
+    assert lines[0] == "group g: 2 live members"
+    assert lines[1].split() == [
+        "MEMBER",
+        "TARGETS",
+        "FIRING",
+        "ALERTS",
+        "RUNNING",
+        "WAITING",
+        "FOR",
+        "A",
+        "SLOT",
+    ]
+    assert "VLLMEngineHung (vllm-0)" in lines[2] and "vllm-0: restart" in lines[2]
+    assert lines[3].startswith("m1?[2J") and "vllm-1: disable_draft" in lines[3]
+    assert max(len(cell) for cell in lines[3].split()) <= MAX_SHOWN

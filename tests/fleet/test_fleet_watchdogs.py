@@ -9,7 +9,8 @@ Cases: the same alert on every member restarts them one at a time, each after th
 killed with SIGKILL while it holds a slot frees it when its lease expires and the next proceeds; the etcd
 leader killed mid-action gives no slot twice; a member cut off from etcd (its traffic goes through a
 loopback TCP proxy the test cuts) refuses and alerts while the others proceed; etcd stopped entirely: no
-disruptive action starts anywhere, every member alerts, and monitoring goes on.
+disruptive action starts anywhere, every member alerts, and monitoring goes on; `vllm-watchdog fleet` lists every
+member's targets from etcd while it answers.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Member:
     vport: int
     proc: subprocess.Popen[bytes]
     log: Path
+    cfg: Path
 
     def status(self) -> dict[str, Any]:
         """GET /api/v1/actions' data."""
@@ -156,7 +158,7 @@ fleet:
                     env=env,
                 )
             cleanup.append(lambda proc=proc: (proc.kill(), proc.wait(10)))
-            members.append(Member(f"m{i}", f"http://127.0.0.1:{port}", vport, proc, log))
+            members.append(Member(f"m{i}", f"http://127.0.0.1:{port}", vport, proc, log, cfg))
         for m in members:
             poll(m.api + "/api/v1/targets", lambda j: targets(j)[0]["up"], LIMIT, "the stub up", m.log)
             m.wait(lambda d: d["fleet"]["lease"] != 0 and not d["fleet"]["refusal"], "joined the fleet")
@@ -267,6 +269,22 @@ def test_with_etcd_stopped_no_disruptive_action_starts_and_monitoring_goes_on(
     fleet: Callable[..., list[Member]], etcd_cluster: EtcdCluster
 ) -> None:
     members = fleet(2)
+    # `vllm-watchdog fleet` lists every member's targets from etcd, once each has published them.
+    deadline = time.monotonic() + LIMIT
+    while True:
+        listed = subprocess.run(
+            [sys.executable, "-m", "vllm_watchdog", "fleet", "--config", str(members[0].cfg)],
+            capture_output=True,
+            text=True,
+            timeout=LIMIT,
+        )
+        assert listed.returncode == 0, listed.stderr
+        rows = {line.split()[0]: line for line in listed.stdout.splitlines()[2:]}
+        if rows.keys() == {"m0", "m1"} and all(f"stub-{m[1]}" in rows[m] for m in rows):
+            break
+        assert time.monotonic() < deadline, listed.stdout
+        time.sleep(0.3)
+    assert listed.stdout.startswith("group test_with_etcd_stopped")
     etcd_cluster.stop_all()
     try:
         for m in members:
@@ -274,7 +292,16 @@ def test_with_etcd_stopped_no_disruptive_action_starts_and_monitoring_goes_on(
             assert alerts[0]["labels"]["alertname"] == "VLLMWatchdogFleetUnreachable"
             result = m.run(wait=True)["result"]
             assert result["outcome"] == "skipped" and "etcd" in result["reason"], result
+        listed = subprocess.run(
+            [sys.executable, "-m", "vllm_watchdog", "fleet", "--config", str(members[0].cfg)],
+            capture_output=True,
+            text=True,
+            timeout=LIMIT,
+        )
+        assert listed.returncode == 1 and "no etcd endpoint answered" in listed.stderr, listed
+        for m in members:
             assert [r["outcome"] for r in m.rows()] == ["skipped"]
+        for m in members:
             before = targets(httpx.get(m.api + "/api/v1/targets", timeout=10).json())[0]["last_scrape"]
             poll(
                 m.api + "/api/v1/targets",

@@ -36,6 +36,8 @@ from .targetruntimes import build_runtimes
 
 log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"
+FIRING_HOLD = 300.0  # an alert with no end shown as firing this long after it was last sent
+MAX_FIRING = 1024  # firing alerts kept for the fleet view
 
 
 def docker_from_env() -> Any:
@@ -109,6 +111,7 @@ class ActionPlane:
         self.power = PowerLimiter(nvml) if config.gpus.nvml and nvml is not None else None
         self.runtimes: dict[str, tuple[TargetConfig, Runtime]] = self._runtimes(config, None)
         self._background = Background()
+        self._firing: dict[tuple[str, str], float] = {}  # (alertname, target) -> shown until
         self.gateway: GatewayControl | None = None
         if config.gateway is not None:
             target = config.gateway.target
@@ -266,6 +269,15 @@ class ActionPlane:
             return
         self.hub.alerts(alerts, now)
         self.remediator.handle(alerts, now)
+        for alert in alerts:  # what the fleet's members show each other
+            key = (
+                alert.labels.get("alertname", ""),
+                alert.labels.get("target", alert.labels.get("instance", "")),
+            )
+            if alert.state == "firing":
+                self._firing[key] = alert.ends_at or now + FIRING_HOLD
+            elif alert.state != "firing":
+                self._firing.pop(key, None)
 
     async def deliver(self, now: float) -> None:
         """One delivery pass of the notification queues."""
@@ -278,6 +290,20 @@ class ActionPlane:
             self._background.spawn(self._start(), "actions:start")
         if self.remediator.reconciled.is_set():
             await self.remediator.tick(now)
+        if self.fleet is not None:
+            self.fleet.session.publish(self._membership(now))
+
+    def _membership(self, now: float) -> dict[str, object]:
+        """What this member shows the fleet: its targets, firing alerts, running and waiting actions."""
+        for key, until in list(self._firing.items()):
+            if until < now:
+                del self._firing[key]
+        return {
+            "targets": [t.name for t in self.config.targets],
+            "alerts": sorted(f"{name} ({target})" if target else name for name, target in self._firing),
+            "running": {t: j.action.name for t, j in self.remediator.current.items()},
+            "waiting": {t: a for t, (a, _) in self.fleet.waiting.items()} if self.fleet else {},
+        }
 
     async def aclose(self) -> None:
         """Stop workers and close clients; never stops a vLLM server."""
