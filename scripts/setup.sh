@@ -13,6 +13,7 @@ command -v dockerd >/dev/null || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)  # the sidecar image's base (no registry here)
 command -v systemd-analyze >/dev/null || missing+=(systemd)  # tests/shipped/test_systemd_unit.py verifies the units
 command -v haproxy >/dev/null || missing+=(haproxy)  # tests/api/test_security_api.py runs the Docker socket proxy
+command -v etcd >/dev/null || missing+=(etcd-server etcd-client)  # tests/fleet/ run a 3-member etcd cluster
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: apt-get install ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

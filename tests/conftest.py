@@ -17,7 +17,12 @@ from tests.support.tlsfiles import Pki, make_pki
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-pytest_plugins = ["tests.support.vllm_server", "tests.support.docker_engine", "tests.support.watchdogproc"]
+pytest_plugins = [
+    "tests.support.vllm_server",
+    "tests.support.docker_engine",
+    "tests.support.watchdogproc",
+    "tests.support.etcd_cluster",
+]
 
 # Every process a test starts inherits this mark, so that gateway processes left behind can be found. A gateway
 # outlives a daemon killed with SIGKILL by design (the data plane keeps serving); a test's cleanup kills the

@@ -32,6 +32,7 @@ STAGES = (
     "notifiers",  # the alert they send, and its delivery
     "ruler",  # rule files, the alert state machine, rule groups
     "gateway",  # the data plane in front of vLLM, which the actions steer
+    "fleet",  # the disruption budget a group of watchdogs shares in etcd, which the actions ask
     "actions",  # routes, rails, the remediator and its runtimes
     "promtool",  # promtool's rule unit tests
     "api",  # the watchdog's own HTTP API

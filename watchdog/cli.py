@@ -1,4 +1,5 @@
-"""The `vllm-watchdog` command line: run, check, targets, query, test-rules, replay, top, init and reload."""
+"""The `vllm-watchdog` command line: run, check, targets, fleet, query, test-rules, replay, top, init and
+reload."""
 
 # Each handler imports what only its sub-command uses: `--version`, `check` and `test-rules` (CI runs it once
 # per file) then start without the daemon, the gateway, an HTTP client or asyncio (tests/test_cli_imports.py).
@@ -218,6 +219,20 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return EXIT_OK if print_targets(loaded[0], sys.stdout) else EXIT_FAILED
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    """List every member of the config's fleet group, from etcd."""
+    logs.setup("error", fmt="text")
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    if loaded[0].fleet is None:
+        print("vllm-watchdog fleet: the config has no fleet: section", file=sys.stderr)
+        return EXIT_USAGE
+    from .commands.fleet import print_fleet
+
+    return EXIT_OK if print_fleet(loaded[0], sys.stdout, sys.stderr) else EXIT_FAILED
+
+
 def _command(
     sub: Any,
     name: str,
@@ -290,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
         "scrape every target once and print their state",
         "Scrape, health-probe and canary every target once and print a table. "
         "Exit 0 if all are up, 1 if any is not, 3 on an invalid config.",
+    )
+    _command(
+        sub,
+        "fleet",
+        cmd_fleet,
+        "list every member of the fleet group, from etcd",
+        "Read the fleet group's members from etcd and print each one's targets, firing alerts and running "
+        "and waiting actions. Exit 0, 1 if etcd could not be read, 2 without a fleet: section, 3 on an "
+        "invalid config.",
     )
     query = _command(
         sub,

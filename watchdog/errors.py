@@ -16,6 +16,8 @@ WatchdogError
                          an unknown unit); refused and logged, nothing touched
 
 PromQLError, QueryError and QueryTimeout live in vllm_watchdog.promql.values next to the values they describe.
+EtcdError (a WatchdogError, in vllm_watchdog.fleet.etcd) says etcd refused a request or no endpoint answered;
+the fleet turns it into a refusal on the `fleet` rail, never into a failed action.
 TemplateError (a ValueError, in vllm_watchdog.templates) is turned into a ConfigError at load time.
 UnreadableFileError (a ValueError, in vllm_watchdog.config.files) says why a config, include, rule or
 rule-test file was refused (not a regular file, too large, not UTF-8); the loaders turn it into a ConfigError.

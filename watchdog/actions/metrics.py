@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..fleet.metrics import fleet_families
 from .auditlog import OUTCOMES
 from .plane import ActionPlane
 
@@ -67,6 +68,7 @@ class ActionCollector(Collector):
             value=int(p.config.dry_run),
         )
         yield from _notifier_families(p)
+        yield from fleet_families(p.fleet)
 
 
 def _notifier_families(p: ActionPlane) -> Iterator[Metric]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import httpx
 from ..background import Background
 from ..config.model import Config
 from ..config.targets import TargetConfig
+from ..fleet.budget import NO_BUDGET, DisruptionBudget, FleetBudget, FleetOptions
 from ..gateway.config import GatewayConfig
 from ..gateway.handle import GatewayControl, GatewayControlOptions
 from ..gateway.link import GatewayLink
@@ -34,6 +36,8 @@ from .targetruntimes import build_runtimes
 
 log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"
+FIRING_HOLD = 300.0  # an alert with no end shown as firing this long after it was last sent
+MAX_FIRING = 1024  # firing alerts kept for the fleet view
 
 
 def docker_from_env() -> Any:
@@ -45,6 +49,12 @@ def docker_from_env() -> Any:
 
 def _not_paused(target: str, now: float) -> str:
     return ""
+
+
+def fleet_member(config: Config) -> str:
+    """This watchdog's name in its fleet group: `fleet.member`, else <hostname>:<API port>."""
+    assert config.fleet is not None
+    return config.fleet.member or f"{socket.gethostname()}:{config.listen_port}"
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class ActionPlane:
         self.power = PowerLimiter(nvml) if config.gpus.nvml and nvml is not None else None
         self.runtimes: dict[str, tuple[TargetConfig, Runtime]] = self._runtimes(config, None)
         self._background = Background()
+        self._firing: dict[tuple[str, str], float] = {}  # (alertname, target) -> shown until
         self.gateway: GatewayControl | None = None
         if config.gateway is not None:
             target = config.gateway.target
@@ -119,6 +130,12 @@ class ActionPlane:
                     queue_time=lambda: self.query_value(queue_time),
                 ),
             )
+        self.fleet = (
+            FleetBudget(config.fleet, FleetOptions(fleet_member(config), clock=clock, monotonic=monotonic))
+            if config.fleet is not None
+            else None
+        )
+        budget: DisruptionBudget = self.fleet if self.fleet is not None else NO_BUDGET
         self.remediator = Remediator(
             config,
             {k: v[1] for k, v in self.runtimes.items()},
@@ -133,6 +150,7 @@ class ActionPlane:
                 clock=clock,
                 monotonic=monotonic,
                 state=self.health,
+                budget=budget,
             ),
         )
 
@@ -173,6 +191,8 @@ class ActionPlane:
         if self.gateway is not None:
             await self.gateway.start()
             log.info("gateway started", extra={"listen": self.gateway.listen, "target": self.gateway.target})
+        if self.fleet is not None:
+            self._background.spawn(self.fleet.run(), "fleet:lease")
         self._background.spawn(self._start(), "actions:start")
 
     async def _start(self) -> None:
@@ -212,6 +232,8 @@ class ActionPlane:
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
                 self._background.spawn(runtime.close(), f"actions:close:{name}")
+        if config.fleet != self.config.fleet:
+            log.warning("fleet changes take effect only after a restart")
         self.config = config
         self._apply_gateway(config)
         self.hub.update(config.notifiers)
@@ -247,6 +269,15 @@ class ActionPlane:
             return
         self.hub.alerts(alerts, now)
         self.remediator.handle(alerts, now)
+        for alert in alerts:  # what the fleet's members show each other
+            key = (
+                alert.labels.get("alertname", ""),
+                alert.labels.get("target", alert.labels.get("instance", "")),
+            )
+            if alert.state == "firing":
+                self._firing[key] = alert.ends_at or now + FIRING_HOLD
+            elif alert.state != "firing":
+                self._firing.pop(key, None)
 
     async def deliver(self, now: float) -> None:
         """One delivery pass of the notification queues."""
@@ -259,6 +290,20 @@ class ActionPlane:
             self._background.spawn(self._start(), "actions:start")
         if self.remediator.reconciled.is_set():
             await self.remediator.tick(now)
+        if self.fleet is not None:
+            self.fleet.session.publish(self._membership(now))
+
+    def _membership(self, now: float) -> dict[str, object]:
+        """What this member shows the fleet: its targets, firing alerts, running and waiting actions."""
+        for key, until in list(self._firing.items()):
+            if until < now:
+                del self._firing[key]
+        return {
+            "targets": [t.name for t in self.config.targets],
+            "alerts": sorted(f"{name} ({target})" if target else name for name, target in self._firing),
+            "running": {t: j.action.name for t, j in self.remediator.current.items()},
+            "waiting": {t: a for t, (a, _) in self.fleet.waiting.items()} if self.fleet else {},
+        }
 
     async def aclose(self) -> None:
         """Stop workers and close clients; never stops a vLLM server."""
@@ -266,6 +311,8 @@ class ActionPlane:
             await self.gateway.aclose(grace=3.0)
         await self.remediator.aclose()
         self._background.cancel()
+        if self.fleet is not None:
+            await self.fleet.aclose()
         for _, runtime in self.runtimes.values():
             await runtime.close()
         await self.hub.aclose()

@@ -13,6 +13,8 @@ from typing import Any
 
 from ..config.model import Config
 from ..config.targets import TargetConfig
+from ..fleet.budget import BUDGETED, NO_BUDGET, DisruptionBudget, Grant
+from ..fleet.budget import RAIL as FLEET_RAIL
 from ..gateway.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
@@ -23,7 +25,7 @@ from .episodes import Episodes
 from .flows import FlowContext, Outcome, reconcile
 from .gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
 from .jobqueues import JobQueues
-from .plans import execute_plan, plan_action
+from .plans import Plan, execute_plan, plan_action
 from .preflight import server_started_at, unsupported
 from .rails import Rails, Verdict
 from .readiness import ReadyCheck
@@ -33,6 +35,7 @@ from .router import route, target_of
 from .runtime import Runtime
 from .selfalerts import WatchdogAlerts
 from .state import ActionStore
+from .status import actions_status
 from .supervisor import RESPAWN, respawn
 from .targetruntimes import UnavailableRuntime
 
@@ -66,6 +69,7 @@ class RemediatorOptions:
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     state: StateHealth | None = None  # a disruptive action that cannot be recorded is refused
+    budget: DisruptionBudget = NO_BUDGET  # the fleet's slots: a disruptive action waits for one (fleet rail)
 
 
 class Remediator:
@@ -75,6 +79,7 @@ class Remediator:
         self.config = config
         self.store = store = options.store
         self.state = options.state
+        self.budget = options.budget
         self.rails = Rails(store, monotonic=options.monotonic)
         self.runtimes = dict(runtimes)
         self.ready = options.ready
@@ -183,6 +188,52 @@ class Remediator:
         if problem:
             return self.audit.refuse(action, job.labels, job.trigger, problem, now, target.name)
         started = await server_started_at(runtime) if runtime is not None and action.disruptive else None
+        verdict, plan = await self._decide(job, runtime, gateway, started, now)
+        if plan is None:
+            return self._skip(job, verdict, now)
+        if self._dry(action):
+            return self.audit.would_do(job, plan.describe, now)
+        unrecordable = self._unrecordable(action)
+        if unrecordable:
+            return self._skip(job, Verdict(False, unrecordable, STATE_RAIL), now)
+        if action.type not in BUDGETED or job.trigger == "supervisor":  # a dead child is no disruption
+            return await self._run(job, plan, runtime, gateway, now)
+        grant = await self.budget.acquire(target.name, action.name)
+        try:
+            return await self._run_granted(job, grant, runtime, gateway, started)
+        finally:
+            await self.budget.release(grant)
+
+    async def _run_granted(
+        self,
+        job: Job,
+        grant: Grant,
+        runtime: Runtime | None,
+        gateway: Gateway | None,
+        started: float | None,
+    ) -> dict[str, Any]:
+        """After the wait for a fleet slot: refused, or the rails and the plan once more (minutes may have
+        passed, an operator may have paused actions), then the action."""
+        now = self.clock()
+        if grant.refusal:
+            if job.restore:  # due again later, not lost
+                self.restores.later(job, now)
+            return self._skip(job, Verdict(False, grant.refusal, FLEET_RAIL), now)
+        verdict, plan = await self._decide(job, runtime, gateway, started, now)
+        if plan is None:
+            return self._skip(job, verdict, now)
+        return await self._run(job, plan, runtime, gateway, now)
+
+    async def _decide(
+        self,
+        job: Job,
+        runtime: Runtime | None,
+        gateway: Gateway | None,
+        started: float | None,
+        now: float,
+    ) -> tuple[Verdict, Plan | None]:
+        """The rails' verdict and, if they allow the action, its plan (None with the verdict to skip on)."""
+        action, target = job.action, job.target
         verdict = self.rails.check(
             action,
             target.name,
@@ -197,18 +248,20 @@ class Remediator:
         if not verdict.allowed:
             if verdict.rail == "engine_paused" and job.restore:  # due again later, not lost
                 self.restores.later(job, now)
-            return self._skip(job, verdict, now)
+            return verdict, None
         if gateway is not None and action.type in GATEWAY_ACTIONS:
             plan = plan_gateway(action, job.labels, gateway)
         else:
             plan = await plan_action(action, target, runtime, self.store, self.power, restore=job.restore)
         if plan.skip:
-            return self._skip(job, Verdict(False, plan.skip, "nothing_to_do"), now)
-        if self._dry(action):
-            return self.audit.would_do(job, plan.describe, now)
-        unrecordable = self._unrecordable(action)
-        if unrecordable:
-            return self._skip(job, Verdict(False, unrecordable, STATE_RAIL), now)
+            return Verdict(False, plan.skip, "nothing_to_do"), None
+        return verdict, plan
+
+    async def _run(
+        self, job: Job, plan: Plan, runtime: Runtime | None, gateway: Gateway | None, now: float
+    ) -> dict[str, Any]:
+        """Write the audit row, carry out the plan, record how it ended."""
+        action, target = job.action, job.target
         action_id = self.store.begin(
             action.name,
             action.type,
@@ -308,6 +361,7 @@ class Remediator:
                     self.enqueue(job)
         self.rails.observe(now)  # new rows' ages from now on follow the monotonic clock
         self._send(self.alerts.tick(self.config.actions, now), now)
+        self._send(self.budget.alerts(now), now)
         if now - self._pruned >= PRUNE_EVERY:
             self._pruned = now
             self.store.prune(now - KEEP_NOISE)
@@ -342,35 +396,8 @@ class Remediator:
         self.reconciled.set()
 
     def status_json(self, now: float, limit: int = 100) -> dict[str, Any]:
-        """GET /api/v1/actions: history, queues, drains, pause, silences and budgets."""
-        paused, reason, since = self.store.paused()
-        budgets = {
-            f"{a.name}/{t.name}": self.rails.budget_left(a, t.name, now)
-            for a in self.config.actions.values()
-            for t in self.config.targets
-            if a.max_per_window is not None
-        }
-        return {
-            "status": "success",
-            "data": {
-                "dry_run": self.config.dry_run,
-                "state": {
-                    "writable": self.state is None or self.state.writable,
-                    "problem": "" if self.state is None else self.state.problem,
-                },
-                "paused": {"paused": paused, "reason": reason, "since": since},
-                "running": {t: j.action.name for t, j in self.current.items()},
-                "queued": {t: [j.action.name for j in q] for t, q in self.queues.items() if q},
-                "drained": self.store.drains(),
-                "budgets_left": budgets,
-                "silences": [s.to_json() for s in self.store.silences(now)],
-                "watchdog_alerts": self.alerts.json(),
-                "retries": self.retries.json(
-                    self.config.targets, self.config.actions.values(), self.rails, now
-                ),
-                "history": [r.to_json() for r in self.store.history(limit=limit)],
-            },
-        }
+        """GET /api/v1/actions: history, queues, drains, pause, silences, budgets and the fleet."""
+        return actions_status(self, now, limit)
 
     async def aclose(self) -> None:
         """Cancel workers; an action cut short stays "running" in the log and is reconciled at next start."""

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from ..actions.config import ActionConfig, RouteConfig
 from ..errors import ConfigError, Problem
+from ..fleet.config import FleetConfig, parse_fleet
 from ..gateway.config import GatewayConfig, parse_gateway
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor
@@ -89,6 +90,7 @@ class Config:
     external_url: str = ""  # "": Prometheus' default for the listen address (web_external_url)
     runbook_base_url: str = ""  # a relative runbook_url annotation resolves against it; "": left as is
     gateway: GatewayConfig | None = None  # None: no admission gateway
+    fleet: FleetConfig | None = None  # None: this watchdog decides alone (no shared disruption budget)
     # Values substituted from the environment into secret fields or from secret-named variables, and the
     # passwords and tokens read from credential files at load.
     env_secrets: tuple[str, ...] = field(default=(), repr=False)
@@ -281,6 +283,7 @@ TOP_LEVEL_KEYS = {
     "include",
     "external_url",
     "runbook_base_url",
+    "fleet",
 }
 
 
@@ -333,6 +336,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         notifiers=notifiers,
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
         gateway=gateway,
+        fleet=parse_fleet(top["fleet"]) if "fleet" in top else None,
         external_url=(_external_url(top["external_url"]) if "external_url" in top else None) or "",
         runbook_base_url=(top["runbook_base_url"].parsed(http_url) if "runbook_base_url" in top else None)
         or DEFAULT_RUNBOOK_BASE_URL,

@@ -1,0 +1,136 @@
+"""The remediator asks the fleet's disruption budget before a disruptive action: a refusal is the `fleet` rail
+(skipped, counted, a restore due again later), a grant is given back however the flow ends, the rails are
+asked again after the wait, and nothing else (a throttle, a dead child's respawn, a dry run) takes a slot."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.actions.test_remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
+from tests.support.clock import Clock
+from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.fleet.budget import Grant
+from vllm_watchdog.notifiers.alert import OutgoingAlert
+
+pytestmark = pytest.mark.anyio
+
+
+class Budget:
+    """Grants or refuses as told, and records what it was asked and given back."""
+
+    def __init__(self, refusal: str = "") -> None:
+        self.refusal = refusal
+        self.asked: list[tuple[str, str]] = []
+        self.released: list[Grant] = []
+        self.gate: asyncio.Event | None = None  # set: acquire waits for it
+
+    async def acquire(self, target: str, action: str) -> Grant:
+        self.asked.append((target, action))
+        if self.gate is not None:
+            await self.gate.wait()
+        return Grant(target, action, self.refusal, 1.0)
+
+    async def release(self, grant: Grant) -> None:
+        self.released.append(grant)
+
+    def json(self) -> dict[str, Any]:
+        return {"enabled": True}
+
+    def alerts(self, now: float) -> list[OutgoingAlert]:
+        return []
+
+
+def make(budget: Budget, text: str = CONFIG) -> tuple[Remediator, ScriptedRuntime, Clock]:
+    runtime, clock = ScriptedRuntime(), Clock()
+    r = Remediator(
+        parse_config(text, "c.yml"),
+        {"vllm-0": runtime},
+        RemediatorOptions(
+            ActionStore(None),
+            Ready(runtime),  # type: ignore[arg-type]
+            hub=Hub(),  # type: ignore[arg-type]
+            clock=clock,
+            monotonic=clock,
+            budget=budget,
+        ),
+    )
+    r.reconciled.set()
+    return r, runtime, clock
+
+
+async def test_a_refusal_skips_on_the_fleet_rail_and_touches_nothing() -> None:
+    budget = Budget("fleet: etcd cannot be relied on: no etcd endpoint answered")
+    r, rt, _ = make(budget)
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    assert rt.calls == [] and budget.asked == [("vllm-0", "restart")]
+    (row,) = r.store.history()
+    assert (row.outcome, row.reason) == ("skipped", budget.refusal)
+    assert r.audit.counts[("restart", "vllm-0", "skipped")] == 1
+
+
+async def test_a_grant_is_given_back_after_the_flow_whether_it_succeeds_or_fails() -> None:
+    budget = Budget()
+    r, rt, clock = make(budget)
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    rt.fail_stop = True
+    clock.advance(3600)
+    r.handle([alert("Hung", starts="later")], clock())
+    await settle(r)
+    assert [row.outcome for row in r.store.history()] == ["failed", "succeeded"]
+    assert [g.action for g in budget.released] == ["restart", "restart"]
+
+
+async def test_the_rails_are_asked_again_after_the_wait() -> None:
+    budget = Budget()
+    budget.gate = asyncio.Event()
+    r, rt, clock = make(budget)
+    r.handle([alert("Hung")], 0.0)
+    for _ in range(100):
+        if budget.asked:
+            break
+        await asyncio.sleep(0.001)
+    r.store.set_paused(True, "maintenance", clock())  # an operator paused actions while it waited
+    budget.gate.set()
+    await settle(r)
+    assert rt.calls == []
+    (row,) = r.store.history()
+    assert row.outcome == "skipped" and "paused" in row.reason
+    assert len(budget.released) == 1
+
+
+async def test_a_refused_restore_is_due_again_later() -> None:
+    budget = Budget()
+    r, rt, clock = make(budget)
+    r.handle([alert("Hot")], 0.0)  # reconfigure with restore_after: 10m
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]
+    r.handle([alert("Hot", "resolved")], clock())
+    budget.refusal = "fleet: etcd cannot be relied on"
+    clock.advance(601)
+    await r.tick(clock())
+    await settle(r)
+    assert rt.calls == ["replace", "commit"]  # not restored while refused
+    budget.refusal = ""
+    clock.advance(120)
+    for _ in range(20):
+        await r.tick(clock())
+        await settle(r)
+        if rt.calls[-1] == "commit" and len(rt.calls) == 4:
+            break
+        clock.advance(60)
+    assert rt.calls == ["replace", "commit", "replace", "commit"]  # restored once etcd answered again
+
+
+async def test_dry_runs_and_non_disruptive_actions_take_no_slot() -> None:
+    budget = Budget()
+    r, rt, _ = make(budget, CONFIG + "dry_run: true\n")
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    assert budget.asked == [] and rt.calls == []
