@@ -1,9 +1,12 @@
-"""The daemon against a real vLLM 0.32 (CPU build, tiny random Llama) shared by the session."""
+"""The daemon against a real vLLM 0.32 (CPU build, tiny random Llama) shared by the session.
+
+The outage is a cut loopback proxy between the daemon and vLLM, not a killed server: the session's vLLM keeps
+serving the other tests (a start costs 45 CPU-seconds), and a real vLLM killed and started again under the
+watchdog's eyes is tests/chaos/test_engine.py's SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from tests.service.test_daemon import wait_for
 from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
+from tests.support.tcpproxy import TcpProxy
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
@@ -25,14 +29,15 @@ def last(series: dict[str, Any]) -> str:
     return str(series["samples"][-1][1])
 
 
-async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
+async def test_daemon_scrapes_real_vllm_and_sees_it_go_away_and_come_back(
     tmp_path: Path, vllm_server: VllmServer
 ) -> None:
     port = free_port()
+    proxy = TcpProxy(vllm_server.port)
     cfg = tmp_path / "c.yml"
     cfg.write_text(
         watchdog_yaml(
-            target(vllm_server.url, canary={"interval": "2s", "timeout": "20s"}),
+            target(proxy.url, canary={"interval": "2s", "timeout": "20s"}),
             port=port,
             token=None,
             global_settings=None,  # the default intervals
@@ -57,7 +62,7 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
             running = (await client.get(series_url, params={"match": "vllm:num_requests_running"})).json()
             (series,) = running["data"]
             labels = series["labels"]
-            hostport = vllm_server.url.removeprefix("http://")  # Prometheus' instance of the scrape address
+            hostport = proxy.url.removeprefix("http://")  # Prometheus' instance of the scrape address
             assert (labels["job"], labels["instance"], labels["target"]) == ("vllm", hostport, "vllm-0")
             assert labels["model_name"] == "tiny-llama" and last(series) == "0.0"
             # only the families the bundled rules read are stored
@@ -69,7 +74,7 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
             ).json()
             assert len(ttft["data"]) > 5
 
-            vllm_server.stop(signal.SIGKILL)
+            proxy.cut()  # a partition: connections hang, scrapes and probes time out
             await wait_for(
                 client,
                 series_url + "?match=up",
@@ -85,7 +90,7 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
                 limit=30,
             )
 
-            vllm_server.start()
+            proxy.heal()
             await wait_for(
                 client,
                 series_url + "?match=vllm:num_requests_running",
@@ -99,10 +104,9 @@ async def test_daemon_scrapes_real_vllm_and_sees_it_die_and_recover(
                 limit=90,
             )
     finally:
-        if vllm_server.proc is None or vllm_server.proc.poll() is not None:
-            vllm_server.start()  # leave the shared server running for later tests
         d.stop()
         await asyncio.wait_for(task, 10)
+        proxy.close()
 
 
 def test_targets_command_against_real_vllm(tmp_path: Path, vllm_server: VllmServer) -> None:
