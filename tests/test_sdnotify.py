@@ -1,10 +1,11 @@
 """sd_notify over a real unix datagram socket (NOTIFY_SOCKET): STATUS= only on change, RELOADING=1 with
-MONOTONIC_USEC=, abstract socket names, and nothing sent without a socket."""
+MONOTONIC_USEC=, abstract socket names, a receiver that stops reading, and nothing sent without a socket."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,24 @@ def test_reloading_carries_the_monotonic_time_in_microseconds(listener: tuple[so
     notifier = Notifier({"NOTIFY_SOCKET": path}, monotonic_ns=lambda: 123_456_789_012)
     assert notifier.reloading() and notifier.ready()
     assert pending(sock) == [b"RELOADING=1\nMONOTONIC_USEC=123456789", b"READY=1"]
+
+
+def test_a_receiver_that_stops_reading_never_blocks_the_sender(listener: tuple[socket.socket, str]) -> None:
+    """A blocking send to a full queue once stopped the gateway's event loop, SIGTERM handler included, for
+    as long as nobody read: a message that does not fit is dropped, and the next one that fits is sent."""
+    sock, path = listener
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    results: list[bool] = []
+    sender = threading.Thread(
+        target=lambda: results.extend(notifier.ping() for _ in range(2000)), daemon=True
+    )
+    sender.start()
+    sender.join(60)  # a bound on a hang, not a timing: each send returns at once or not at all
+    assert not sender.is_alive(), "a send blocked on the full queue"
+    assert results[0] and not all(results)  # the queue filled up, and the rest were dropped
+    queued = pending(sock)
+    assert queued and set(queued) == {b"WATCHDOG=1"} and len(queued) == results.count(True)
+    assert notifier.stopping() and pending(sock) == [b"STOPPING=1"]  # read again: sent again
 
 
 def test_abstract_socket_names_work() -> None:

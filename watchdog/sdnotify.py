@@ -25,15 +25,19 @@ class Notifier:
         return bool(self.address)
 
     def send(self, message: str) -> bool:
-        """Send one message; failures are swallowed because systemd may be gone during shutdown."""
+        """Send one message without ever waiting; False if it was not sent. Failures are swallowed: systemd
+        may be gone during shutdown. A receiver that stops reading fills its queue (10 datagrams by default,
+        net.unix.max_dgram_qlen); a blocking send would then stop the caller's event loop, signal handlers
+        included, so a message that does not fit at once is dropped, as a WATCHDOG=1 nobody reads is."""
         if not self.address:
             return False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
                 sock.connect(self.address)
-                sock.sendall(message.encode())
+                sock.send(message.encode())
             return True
-        except OSError:
+        except OSError:  # BlockingIOError (a full queue) among them
             return False
 
     def ready(self) -> bool:

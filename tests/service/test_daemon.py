@@ -141,7 +141,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
     ok, problems = await d.reload()
     line = len(good.splitlines()) + 1
     assert not ok and problems == [
-        f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, dry_run, external_url, gateway, global, gpus, include, listen, notifiers, routes, "
+        f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, dry_run, external_url, fleet, gateway, global, gpus, include, listen, notifiers, routes, "
         "rule_backend, rule_files, runbook_base_url, state_dir, targets)"
     ]
     assert [t for t in d.monitor.targets] == ["vllm-0"]

@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,28 +172,46 @@ def _enter(spec_path: str) -> None:
 
 
 class NotifySocket:
-    """The sd_notify socket systemd would give a Type=notify service: collects the datagrams sent to it."""
+    """The sd_notify socket systemd would give a Type=notify service: collects the datagrams sent to it, read
+    as they come, as systemd reads them (a socket nobody reads fills up, and the service drops what does not
+    fit: a test reading only when it waits would lose a later STOPPING=1)."""
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / "notify.sock"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(self.path))
+        self.sock.settimeout(0.2)
         self.messages: list[str] = []
+        self._arrived = threading.Condition()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"notify:{self.path}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._arrived:
+                self.messages.append(data.decode())
+                self._arrived.notify_all()
 
     def wait_for(self, message: str, count: int, limit: float, log: Path) -> None:
-        """Receive until `message` has arrived `count` times; AssertionError (with the service's log) after
-        `limit` seconds of silence."""
-        self.sock.settimeout(limit)
-        while self.messages.count(message) < count:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
+        """Until `message` has arrived `count` times; AssertionError (with the service's log) after `limit`
+        seconds without it."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: self.messages.count(message) >= count, limit):
                 raise AssertionError(
                     f"no {message} within {limit}s; got {self.messages}; log: {log.read_text()[-3000:]}"
-                ) from None
+                )
 
     def close(self) -> None:
-        """Close and remove the socket."""
+        """Stop reading, close and remove the socket."""
+        self._closed.set()
+        self._reader.join(5)
         self.sock.close()
         self.path.unlink(missing_ok=True)
 
