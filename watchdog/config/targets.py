@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .addresses import http_url, scrape_address
 from .durations import parse_duration
@@ -31,6 +32,17 @@ class CanaryConfig:
 
 
 @dataclass(frozen=True)
+class DiscoveredBy:
+    """Where a discovered target came from: its discovery, the source within it (a file and group, a
+    container), and the labels it found there (Prometheus' discoveredLabels)."""
+
+    mechanism: str  # "file_sd" | "docker_sd"
+    config: str  # which discovery of the config: `file_sd_configs[0]`
+    source: str  # `/etc/vllm-watchdog/targets/a.json:0` (file and group), `docker:<container>`
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     """One vLLM server to watch."""
 
@@ -49,6 +61,9 @@ class TargetConfig:
     unit: str | None = None  # systemd mode: restart only
     gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
     http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials, every request
+    # Set on a discovered target; not part of its identity: the same server found again (another container
+    # id after a restart) is the same target, its scrapes, caches and runtime kept.
+    discovered: DiscoveredBy | None = field(default=None, compare=False)
 
     @property
     def mode(self) -> str | None:
@@ -104,30 +119,18 @@ def parse_canary(node: Node) -> CanaryConfig:
     )
 
 
-def parse_target(node: Node, job: str = DEFAULT_JOB) -> TargetConfig | None:
-    """One item of `targets:`, with `job` unless it names its own; None when unusable (problems recorded)."""
-    keys = {
-        "name",
-        "url",
-        "job",
-        "container",
-        "metrics_path",
-        "health_path",
-        "health_timeout",
-        "health_probe",
-    }
-    m = node.mapping(keys | {"canary", "labels", "command", "env", "unit", "gpus"} | HTTP_CLIENT_KEYS)
-    if m is None:
-        return None
-    for required in ("name", "url"):
-        if required not in m:
-            node.error("is required", field=f"{node.path}.{required}")
-    name = m["name"].string() if "name" in m else None
-    if name is not None and not _NAME.match(name):
-        m["name"].error("must be letters, digits, '_', '.' or '-'")
-        name = None
-    url = m["url"].parsed(http_url) if "url" in m else None
-    d = TargetConfig(name=name or "-", url=url or "http://-")
+# The keys that say how a server is watched; a discovery's `target:` template takes these alone.
+WATCH_KEYS = frozenset(
+    {"job", "metrics_path", "health_path", "health_timeout", "health_probe", "canary", "labels"}
+    | HTTP_CLIENT_KEYS
+)
+# The keys that say which server it is and how actions reach it.
+_OWN_KEYS = frozenset({"name", "url", "container", "command", "env", "unit", "gpus"})
+
+
+def _watch_settings(m: dict[str, Node], node: Node, job: str) -> dict[str, Any]:
+    """The TargetConfig fields of WATCH_KEYS, defaults filled in."""
+    d = TargetConfig(name="-", url="http://-")
     paths = {}
     for key in ("metrics_path", "health_path"):
         value = m[key].string() if key in m else None
@@ -143,8 +146,40 @@ def parse_target(node: Node, job: str = DEFAULT_JOB) -> TargetConfig | None:
     own_job = m["job"].string() if "job" in m else None
     if "job" in m and not own_job:
         m["job"].error("must not be empty")
-    canary = parse_canary(m["canary"]) if "canary" in m else d.canary
     probe = m["health_probe"].boolean() if "health_probe" in m else None
+    return {
+        "job": own_job or job,
+        "metrics_path": paths["metrics_path"],
+        "health_path": paths["health_path"],
+        "health_timeout": timeout or d.health_timeout,
+        "health_probe": d.health_probe if probe is None else probe,
+        "canary": parse_canary(m["canary"]) if "canary" in m else d.canary,
+        "labels": labels or {},
+        "http": parse_http_client(m, node, {}),
+    }
+
+
+def parse_template(node: Node, job: str = DEFAULT_JOB) -> TargetConfig:
+    """A discovery's `target:`: how each server it finds is watched (WATCH_KEYS); name and url are
+    placeholders that every discovered target fills in."""
+    m = node.mapping(set(WATCH_KEYS)) or {}
+    return TargetConfig(name="-", url="http://-", **_watch_settings(m, node, job))
+
+
+def parse_target(node: Node, job: str = DEFAULT_JOB) -> TargetConfig | None:
+    """One item of `targets:`, with `job` unless it names its own; None when unusable (problems recorded)."""
+    m = node.mapping(set(WATCH_KEYS | _OWN_KEYS))
+    if m is None:
+        return None
+    for required in ("name", "url"):
+        if required not in m:
+            node.error("is required", field=f"{node.path}.{required}")
+    name = m["name"].string() if "name" in m else None
+    if name is not None and not valid_name(name):
+        m["name"].error("must be letters, digits, '_', '.' or '-'")
+        name = None
+    url = m["url"].parsed(http_url) if "url" in m else None
+    settings = _watch_settings(m, node, job)
     container = m["container"].string() if "container" in m else None
     command = tuple(m["command"].string_list() or []) if "command" in m else ()
     unit = m["unit"].string() if "unit" in m else None
@@ -153,23 +188,20 @@ def parse_target(node: Node, job: str = DEFAULT_JOB) -> TargetConfig | None:
     if "command" in m and not command:
         m["command"].error("must list the program and its arguments")
     gpus = [item.integer(minimum=0) for item in m["gpus"].items()] if "gpus" in m else []
-    http = parse_http_client(m, node, {})
     if name is None or url is None:
         return None
     return TargetConfig(
         name=name,
         url=url,
-        job=own_job or job,
         container=container,
-        metrics_path=paths["metrics_path"],
-        health_path=paths["health_path"],
-        health_timeout=timeout or d.health_timeout,
-        health_probe=d.health_probe if probe is None else probe,
-        canary=canary,
-        labels=labels or {},
         command=command,
         env=(m["env"].string_map() or {}) if "env" in m else {},
         unit=unit,
         gpus=tuple(g for g in gpus if g is not None),
-        http=http,
+        **settings,
     )
+
+
+def valid_name(name: str) -> bool:
+    """Whether `name` is a target name: letters, digits, `_ . -`, starting with a letter or digit."""
+    return _NAME.fullmatch(name) is not None

@@ -84,14 +84,27 @@ class _DepthLimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+class _NoAliasLoader(_DepthLimitedLoader):
+    """The depth-limited loader, refusing aliases: a file of data gets no `*ref` (ten nested lists of ten
+    aliases each are 10^10 items to whoever walks them)."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """Compose one node; an alias is an error at its line."""
+        if self.check_event(yaml.AliasEvent):  # type: ignore[no-untyped-call]
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here", mark)
+        return super().compose_node(parent, index)
+
+
 def _unquoted(message: str) -> str:
     return _YAML_QUOTED.sub("'…'", message)
 
 
-def compose(text: str, problems: Problems) -> yaml.Node | None:
-    """Parse YAML text into a node tree, recording a syntax error as a problem."""
+def compose(text: str, problems: Problems, aliases: bool = True) -> yaml.Node | None:
+    """Parse YAML text into a node tree, recording a syntax error as a problem (an alias is one unless
+    `aliases`)."""
     try:
-        return yaml.compose(text, Loader=_DepthLimitedLoader)
+        return yaml.compose(text, Loader=_DepthLimitedLoader if aliases else _NoAliasLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
@@ -133,11 +146,13 @@ class Node:
         path: str,
         problems: Problems,
         env: Mapping[str, str] | None = None,
+        substitute: bool = True,
     ) -> None:
         self.node = node
         self.path = path
         self.problems = problems
         self.env = os.environ if env is None else env
+        self.substitute = substitute  # False: values are data (a discovery file), `${VAR}` is text
 
     @property
     def line(self) -> int:
@@ -165,7 +180,7 @@ class Node:
         for knode, vnode in self.node.value:
             key = str(knode.value)
             line = int(knode.start_mark.line) + 1
-            child = Node(vnode, self._child_path(key, line), self.problems, self.env)
+            child = Node(vnode, self._child_path(key, line), self.problems, self.env, self.substitute)
             if allowed is not None and key not in allowed:
                 known = ", ".join(sorted(allowed))
                 if shown_key(key) or not key:  # an empty key is named `""`
@@ -186,7 +201,10 @@ class Node:
         if not isinstance(self.node, yaml.SequenceNode):
             self.error("must be a list")
             return None
-        return [Node(v, self._child_path(i), self.problems, self.env) for i, v in enumerate(self.node.value)]
+        return [
+            Node(v, self._child_path(i), self.problems, self.env, self.substitute)
+            for i, v in enumerate(self.node.value)
+        ]
 
     def items(self) -> Iterator[Node]:
         """Iterate over a sequence's items (nothing if not a sequence)."""
@@ -202,6 +220,8 @@ class Node:
             self.error("must be a scalar value")
             return None
         text = str(self.node.value)
+        if not self.substitute:
+            return text
         try:
             value = substitute_env(text, self.env)
         except KeyError as exc:
