@@ -34,6 +34,7 @@ STAGES = (
     "gateway",  # the data plane in front of vLLM, which the actions steer
     "fleet",  # the disruption budget a group of watchdogs shares in etcd, which the actions ask
     "actions",  # routes, rails, the remediator and its runtimes
+    "discovery",  # targets found in files and labelled containers (a relaunch's kept copy is the runtime's)
     "promtool",  # promtool's rule unit tests
     "api",  # the watchdog's own HTTP API
     "commands",  # replay, plot, top

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..actions.config import ActionConfig, RouteConfig
+from ..discovery.config import DockerSdConfig, FileSdConfig, parse_docker_sd, parse_file_sd
 from ..errors import ConfigError, Problem
 from ..fleet.config import FleetConfig, parse_fleet
 from ..gateway.config import GatewayConfig, parse_gateway
@@ -91,6 +92,8 @@ class Config:
     runbook_base_url: str = ""  # a relative runbook_url annotation resolves against it; "": left as is
     gateway: GatewayConfig | None = None  # None: no admission gateway
     fleet: FleetConfig | None = None  # None: this watchdog decides alone (no shared disruption budget)
+    file_sd_configs: tuple[FileSdConfig, ...] = ()  # targets listed in files (Prometheus' file_sd)
+    docker_sd_configs: tuple[DockerSdConfig, ...] = ()  # targets found as labelled containers
     # Values substituted from the environment into secret fields or from secret-named variables, and the
     # passwords and tokens read from credential files at load.
     env_secrets: tuple[str, ...] = field(default=(), repr=False)
@@ -284,6 +287,8 @@ TOP_LEVEL_KEYS = {
     "external_url",
     "runbook_base_url",
     "fleet",
+    "file_sd_configs",
+    "docker_sd_configs",
 }
 
 
@@ -337,6 +342,12 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
         gateway=gateway,
         fleet=parse_fleet(top["fleet"]) if "fleet" in top else None,
+        file_sd_configs=parse_file_sd(top["file_sd_configs"], base, global_.job)
+        if "file_sd_configs" in top
+        else (),
+        docker_sd_configs=parse_docker_sd(top["docker_sd_configs"], global_.job)
+        if "docker_sd_configs" in top
+        else (),
         external_url=(_external_url(top["external_url"]) if "external_url" in top else None) or "",
         runbook_base_url=(top["runbook_base_url"].parsed(http_url) if "runbook_base_url" in top else None)
         or DEFAULT_RUNBOOK_BASE_URL,

@@ -90,7 +90,7 @@ class _NoAliasLoader(_DepthLimitedLoader):
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         """Compose one node; an alias is an error at its line."""
-        if self.check_event(yaml.AliasEvent):  # type: ignore[no-untyped-call]
+        if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here", mark)
         return super().compose_node(parent, index)

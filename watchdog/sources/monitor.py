@@ -23,7 +23,7 @@ from ..logs import Recurring
 from ..ruler.files import RuleGroup, StoreNeeds, store_needs
 from ..scrapelog import ScrapeLog
 from ..store import SampleStore, make_labels
-from .enginestate import SLEEP_STATE, EngineStateProbe, asleep_in_store
+from .enginestate import SLEEP_STATE, STATE_SERIES, EngineStateProbe, asleep_in_store
 from .gpu import GpuCollector
 from .outages import outage_summary
 from .probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
@@ -127,6 +127,7 @@ class Monitor:
         for tc in config.targets:
             prev = old.pop(tc.name, None)
             if prev is not None and prev.config == tc and same_scrape:
+                prev.config = tc  # the same target; what discovery says of it may be newer
                 self.targets[tc.name] = prev
                 continue
             if prev is not None:
@@ -148,8 +149,14 @@ class Monitor:
         self.config, self.rules = config, rules
 
     def _retire(self, rt: TargetRuntime, now: float | None) -> None:
+        """A target left the config: every series of it goes stale now (scraped, probed, engine state), as
+        Prometheus stale-marks a target that discovery dropped; its connections close after the reload."""
         if now is not None:
             rt.scrape.forget(now)
+            t_ms = math.floor(now * 1000)
+            own = [name for pair in PROBE_SERIES.values() for name in pair] + list(STATE_SERIES.values())
+            for name in own:
+                self.store.get(make_labels(name, rt.labels)).mark_stale(t_ms)
         self.retired += [rt.scrape, rt.health, rt.client]
 
     async def close_retired(self) -> None:

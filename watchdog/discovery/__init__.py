@@ -1,0 +1,1 @@
+"""Targets found, not listed: file_sd files and labelled Docker containers become targets."""
