@@ -106,7 +106,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
         for rule_file in config.rule_files:
             print(f"  {rule_file}: OK")
+        if not _check_file_sd(config):
+            status = EXIT_CONFIG
     return status
+
+
+def _check_file_sd(config: Config) -> bool:
+    """Validate the files each file_sd_configs entry matches now, as promtool check config does."""
+    from .discovery.files import check_files
+
+    ok = True
+    for sd in config.file_sd_configs:
+        for path, count, problems in check_files(sd):
+            if problems:
+                _print_problems(ConfigError(problems))
+                ok = False
+            else:
+                print(f"  {path}: OK: {count} targets ({sd.name})")
+    return ok
 
 
 def cmd_query(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ Only the standard library: in Docker it runs on the host's /usr/bin/python3 thro
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +97,17 @@ class StubContainers:
         self.image = image
         self.names: list[str] = []
 
-    def run(self, args: Sequence[str], *, rw: Sequence[Path] = ()) -> tuple[str, int]:
-        """Start one with `args` after `--port P` (and `rw` host folders bound writable); its name and port."""
-        name, port = unique_name("stub"), free_port()
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        rw: Sequence[Path] = (),
+        labels: Mapping[str, str] | None = None,
+        port: int | None = None,
+    ) -> tuple[str, int]:
+        """Start one with `args` after `--port P` (and `rw` host folders bound writable, `labels` besides the
+        session's); its name and port (`port`, else a free one)."""
+        name, port = unique_name("stub"), port or free_port()
         self.names += [name, name + ".watchdog-previous"]
         self.client.containers.run(
             self.image,
@@ -108,7 +116,7 @@ class StubContainers:
             command=["--port", str(port), *args],
             volumes=[*host_binds(), *(f"{p}:{p}" for p in rw)],
             network_mode="host",
-            labels=session_labels(),
+            labels=session_labels(**(labels or {})),
             detach=True,
         )
         wait_http(self.client, name, f"http://127.0.0.1:{port}/health", timeout=WAIT)

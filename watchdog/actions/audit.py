@@ -55,6 +55,14 @@ class Audit:
         key = (action, target, outcome)
         self.counts[key] = self.counts.get(key, 0) + 1
 
+    def forget(self, target: str) -> None:
+        """A target removed: its counts go (a discovery that comes and goes must not grow them forever)."""
+        for counted in [k for k in self.counts if k[1] == target]:
+            del self.counts[counted]
+        for last in (self._last_skip, self._last_refusal):
+            for key in [k for k in last if k[1] == target]:
+                del last[key]
+
     def _record(self, job: Job, outcome: str, reason: str, dry: bool, now: float) -> None:
         a = job.action
         self.store.record(

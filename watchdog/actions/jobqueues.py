@@ -84,6 +84,23 @@ class JobQueues:
                 self.current.pop(target, None)
             if job.done is not None and not job.done.done():
                 job.done.set_result(result)
+        if self.queues.get(target) is queue:  # idle: a target that discovery dropped leaves nothing behind
+            del self.queues[target]
+
+    def drop(self, target: str) -> list[Job]:
+        """Take every job waiting for `target` off its queue (the one running goes on); they are returned."""
+        queue = self.queues.get(target)
+        if queue is None:
+            return []
+        jobs = list(queue)
+        queue.clear()  # in place: the worker holds this very queue
+        return jobs
+
+    async def finished(self, target: str) -> None:
+        """Wait until `target`'s worker has no job left (never cancels it, even if this wait is cancelled)."""
+        worker = self.workers.get(target)
+        if worker is not None and not worker.done():
+            await asyncio.wait({worker})
 
     async def aclose(self) -> None:
         """Cancel workers; an action cut short stays "running" in the log and is reconciled at next start."""

@@ -28,10 +28,12 @@ from ..promql.engine import Engine
 from ..promql.values import QueryError, Vector
 from ..statehealth import StateHealth
 from .power import PowerLimiter
+from .process import ProcessRuntime
 from .readiness import ReadyCheck
 from .remediator import Remediator, RemediatorOptions
 from .runtime import Runtime
 from .state import ACTIONS_DB, ActionStore
+from .supervisor import retire_child
 from .targetruntimes import build_runtimes
 
 log = logging.getLogger(__name__)
@@ -210,14 +212,19 @@ class ActionPlane:
         try:
             if not self.remediator.reconciled.is_set():  # a deferred start finds it done if nothing was left
                 await self.remediator.reconcile()
-            for name, (_, runtime) in self.runtimes.items():
-                ensure = getattr(runtime, "ensure_running", None)
-                if ensure is not None and not self.store.paused()[0] and await ensure():
-                    log.warning("started vLLM (process mode)", extra={"target": name})
+            await self._ensure_children(list(self.runtimes))
         except Exception:
             log.exception("reconciling actions at start-up failed")
         finally:
             self.remediator.reconciled.set()
+
+    async def _ensure_children(self, names: list[str]) -> None:
+        """Adopt or start the child of each process-mode target named (not while actions are paused)."""
+        for name in names:
+            runtime = self.runtimes.get(name, (None, None))[1]
+            ensure = getattr(runtime, "ensure_running", None)
+            if ensure is not None and not self.store.paused()[0] and await ensure():
+                log.warning("started vLLM (process mode)", extra={"target": name})
 
     def _unrecordable(self) -> bool:
         return self.health is not None and not self.health.check(self.monotonic())
@@ -226,12 +233,14 @@ class ActionPlane:
         return any(hasattr(runtime, "ensure_running") for _, runtime in self.runtimes.values())
 
     def apply(self, config: Config) -> None:
-        """A reloaded config: new notifiers, routes and actions; runtimes of unchanged targets are kept."""
+        """A reloaded config (or discovered targets): new notifiers, routes and actions; runtimes of unchanged
+        targets are kept, the others retired once their running flow ended, and process-mode targets new to
+        the config get their child started."""
         old = self.runtimes
         self.runtimes = self._runtimes(config, old)
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
-                self._background.spawn(runtime.close(), f"actions:close:{name}")
+                self._background.spawn(self._retire(name, runtime), f"actions:retire:{name}")
         if config.fleet != self.config.fleet:
             log.warning("fleet changes take effect only after a restart")
         self.config = config
@@ -239,6 +248,40 @@ class ActionPlane:
         self.hub.update(config.notifiers)
         self.hub.external_labels = config.global_.external_labels
         self.remediator.apply(config, {k: v[1] for k, v in self.runtimes.items()})
+        added = [n for n, (_, rt) in self.runtimes.items() if old.get(n, (None, None))[1] is not rt]
+        children = [n for n in added if hasattr(self.runtimes[n][1], "ensure_running")]
+        if children:
+            self._background.spawn(self._start_added(children), "actions:start-added")
+
+    async def _start_added(self, names: list[str]) -> None:
+        """Start the children of process-mode targets a reload added, after any flow still running on a
+        target of that name (its old runtime may be starting a child itself) and after start-up reconcile."""
+        await self.remediator.reconciled.wait()
+        for name in names:
+            await self.remediator.jobs.finished(name)
+        if self._unrecordable():
+            log.error(
+                "state_dir is not writable: process-mode vLLM added by a reload starts once it is",
+                extra={"state_dir": self.config.state_dir, "targets": names},
+            )
+            self._deferred = True
+            return
+        try:
+            await self._ensure_children(names)
+        except Exception:
+            log.exception("starting process-mode vLLM added by a reload failed")
+
+    async def _retire(self, name: str, runtime: Runtime) -> None:
+        """A runtime a reload replaced or dropped: closed once the flow running on its target ended (the
+        flow holds it). The child of a process-mode target that left the config is stopped first: the
+        watchdog started it, and nothing would supervise it any more (docs/configuration.md#reloading)."""
+        await self.remediator.jobs.finished(name)
+        if isinstance(runtime, ProcessRuntime) and name not in self.runtimes:
+            unrecordable = self._unrecordable()
+            await retire_child(
+                name, runtime, self.store, self.clock, dry_run=self.config.dry_run, unrecordable=unrecordable
+            )
+        await runtime.close()
 
     def _apply_gateway(self, config: Config) -> None:
         gw, new = self.gateway, config.gateway

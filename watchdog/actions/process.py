@@ -155,6 +155,18 @@ class ProcessRuntime:
     async def close(self) -> None:
         """Nothing to release; the child keeps running."""
 
+    async def retire(self, timeout: float) -> int | None:
+        """The target left the config: stop the child (as `stop` does) and forget it, state file included, so
+        that a target of that name added later starts afresh. The pid stopped; None if no child ran."""
+        async with self._lock:
+            child = self._child
+            pid = child.pid if child is not None and child.alive() else None
+            await self._stop(timeout)
+            if self._state_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._state_path.unlink()
+            return pid
+
     # -- starting and stopping ----------------------------------------------------------------
 
     async def _spawn(self) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from .targetruntimes import UnavailableRuntime
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
+REMOVED_RAIL = "target_removed"  # the rail of jobs that waited for a target the config no longer has
 STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 
@@ -111,9 +112,30 @@ class Remediator:
         return self.jobs.current
 
     def apply(self, config: Config, runtimes: Mapping[str, Runtime]) -> None:
-        """Adopt a reloaded config; queued jobs keep the action settings they were queued with."""
+        """Adopt a reloaded config; queued jobs keep the action settings they were queued with. A target that
+        left the config has its waiting jobs, pending retries and restores cancelled; its running job goes
+        on to the end of its flow (a flow cut short could leave the server stopped or drained)."""
+        old = self.config
         self.config = config
         self.runtimes = dict(runtimes)
+        kept = {t.name for t in config.targets}
+        actions = {**old.actions, **config.actions}
+        for target in [t for t in old.targets if t.name not in kept]:
+            self._forget(target, actions.values(), self.clock())
+
+    def _forget(self, target: TargetConfig, actions: Iterable[ActionConfig], now: float) -> None:
+        """A target removed: nothing more runs on it, and nothing it left pending runs if it comes back."""
+        reason = f"{REMOVED_RAIL}: target {target.name} was removed from the config (reload or discovery)"
+        for job in self.jobs.drop(target.name):
+            result = self.audit.skip(job, REMOVED_RAIL, reason, now)
+            if job.done is not None and not job.done.done():
+                job.done.set_result(result)
+        for action in actions:
+            if self.retries.get(action.name, target.name) is not None:
+                log.info("pending retry cancelled: " + reason, extra={"action": action.name})
+            self.retries.forget(action.name, target.name)
+            self.restores.cancel(action, target.name)
+        self.audit.forget(target.name)
 
     # -- intake ------------------------------------------------------------------------------
     def handle(self, alerts: Sequence[OutgoingAlert], now: float, trigger: str = "alert") -> int:

@@ -43,6 +43,10 @@ class Restores:
         if self.store.get(key) is not None:
             self.store.put(key, None)  # (only then: every write is an fsync)
 
+    def cancel(self, action: ActionConfig, target: str) -> None:
+        """The target is gone: its restore will not run (nor when a target of that name comes back)."""
+        self.firing(action, target)
+
     def later(self, job: Job, now: float) -> None:
         """A restore refused for now (the engine is paused or asleep on purpose): due again RESTORE_RECHECK
         later, not lost."""

@@ -1,5 +1,7 @@
 """`GET /api/v1/targets` in Prometheus 2.42's shape: each scrape target (vLLM servers, the dcgm-exporter)
-as an active target, plus the watchdog's own view of a vLLM target (probes, canary) under `watchdog`."""
+as an active target, plus the watchdog's own view of a vLLM target (probes, canary, the discovery that found
+it) under `watchdog`. A discovered target's `discoveredLabels` are what its discovery found (`__meta_*`
+among them), as Prometheus shows them."""
 
 from __future__ import annotations
 
@@ -64,12 +66,18 @@ def targets_json(monitor: Monitor, scrape_pool: str = "", state: str = "") -> di
     for rt in monitor.targets.values():
         pool = rt.labels.get("job", "vllm")
         entry = _target(rt.scrape, pool, dict(sorted(rt.labels.items())), interval, timeout)
+        found = rt.config.discovered
+        if found is not None:
+            entry["discoveredLabels"] = dict(sorted({**entry["discoveredLabels"], **found.labels}.items()))
         h = rt.health.status
         canary = rt.canary.status if rt.canary is not None else None
         entry["watchdog"] = {  # what Prometheus has no field for
             "name": rt.config.name,
             "url": rt.config.url,
             "container": rt.config.container,
+            "discovery": None
+            if found is None
+            else {"mechanism": found.mechanism, "config": found.config, "source": found.source},
             "samples": rt.scrape.status.samples,
             "healthProbe": {"up": h.ok, "latency": h.latency, "lastError": h.last_error},
             "canary": None

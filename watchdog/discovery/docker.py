@@ -158,7 +158,6 @@ class DockerDiscovery:
         self.client_factory = client_factory
         self._client: Any = None
         self.last: dict[str, TargetConfig] = {}
-        self.failures = 0  # looks that got no answer (Prometheus' prometheus_sd_refresh_failures_total)
 
     def refresh(self) -> Refresh | None:
         """List the labelled containers (blocking: call it in a thread); None when the engine does not
@@ -171,14 +170,12 @@ class DockerDiscovery:
                 all=True, filters={"label": self.sd.label_prefix + "target"}, limit=limit
             )
         except Exception as exc:  # the docker SDK raises DockerException, requests and OS errors
-            self.failures += 1
             log.error(
                 "docker_sd: Docker engine not reachable", extra={"discovery": self.sd.name, "error": str(exc)}
             )
             self.close()
             return None
         if len(listed) >= limit:
-            self.failures += 1
             log.error(
                 "docker_sd: too many labelled containers; the last targets stay",
                 extra={"discovery": self.sd.name, "limit": limit},

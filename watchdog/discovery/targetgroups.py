@@ -7,7 +7,7 @@ A group's labels are the labels of each of its targets' series, except these:
 - `__scheme__` and `__metrics_path__` say where to scrape, as in Prometheus;
 - `__watchdog_target__` names the target (its `target` label); one group then lists one address. Without
   it the name is the address, with every character other than letters, digits, `_ . -` made `_`
-  (`10.0.0.7:8000` is `10.0.0.7_8000`);
+  (`gpu-3:8000` is `gpu-3_8000`);
 - `__watchdog_container__` or `__watchdog_unit__` say how actions reach the server (docker or systemd mode),
   only where the discovery's `runtimes` allow that mode; `__watchdog_gpus__` lists its GPUs (`0,1`);
 - other labels starting with `__` (`__meta_*`) are shown among the discovered labels only;
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from ..config.addresses import http_url
 from ..config.files import UnreadableFileError, read_text
 from ..config.targets import TARGET_LABELS, DiscoveredBy, TargetConfig, valid_name
-from ..config.yamlnodes import Node, Problems, compose
+from ..config.yamlnodes import Node, Problems, compose, shown_key
 from ..errors import Problem
 from .config import FileSdConfig
 
@@ -72,7 +72,7 @@ def encodable(text: str) -> bool:
 
 
 def name_from_address(address: str) -> str:
-    """A target name for an address without `__watchdog_target__`: `10.0.0.7:8000` -> `10.0.0.7_8000`."""
+    """A target name for an address without `__watchdog_target__`: `gpu-3:8000` -> `gpu-3_8000`."""
     name = "".join(c if c in _NAME_CHARS else "_" for c in address).lstrip("_.-")
     return name or "_"
 
@@ -211,7 +211,8 @@ def _labels(node: Node) -> dict[str, str] | None:
         return None
     for key, value in labels.items():
         if not label_name_ok(key):
-            node.error("invalid label name (must match [a-zA-Z_][a-zA-Z0-9_]*)")
+            shown = f" {key!r}" if shown_key(key) else ""
+            node.error(f"invalid label name{shown} (must match [a-zA-Z_][a-zA-Z0-9_]*)")
             ok = False
         elif key in TARGET_LABELS and key != "job":
             hint = f"; name the target with {NAME_LABEL}" if key == "target" else ""

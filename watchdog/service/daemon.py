@@ -26,6 +26,8 @@ from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
 from ..config.httpauth import ClientSettings
 from ..config.model import Config
+from ..discovery.metrics import DiscoveryCollector
+from ..discovery.providers import DiscoveryOptions, TargetDiscovery
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
 from ..gateway.config import GatewayConfig
@@ -83,6 +85,10 @@ class Daemon:
 
     def __init__(self, config: Config, rules: tuple[RuleGroup, ...], options: DaemonOptions) -> None:
         logs.use_secrets(config_secrets(config))  # before anything logs a value from the config
+        # Discovered targets join the config's before any stage is built: start-up reconcile must see them.
+        self.discovery = TargetDiscovery(config, DiscoveryOptions(options.docker_client, options.clock))
+        self.discovery.first_look()
+        config = self.discovery.effective()
         if not config.listens_on_loopback:
             log.warning("own API listens beyond loopback", extra={"listen": config.listen_host})
         self.options = options
@@ -131,6 +137,7 @@ class Daemon:
         registry.register(GatewayCollector(lambda: g.snapshot if (g := actions.gateway) else None))
         registry.register(ListenerCollector("vllm_watchdog_api_", lambda: self.api_listener))
         registry.register(FdCollector(self.fd_guard))
+        registry.register(DiscoveryCollector(self.discovery))
         ProcessCollector(registry=registry)  # process_*: CPU, memory and descriptors, as Prometheus exports
         app = build_app(
             ApiOptions(
@@ -184,6 +191,8 @@ class Daemon:
         for key in ev.group_keys():
             jobs.append((f"eval:{key[0]};{key[1]}", functools.partial(ev.evaluate, key), ev.interval(key)))
         jobs += [("notify", actions.deliver, 1.0), ("actions", actions.tick, 1.0)]
+        for name, interval in self.discovery.jobs():
+            jobs.append((f"discovery:{name}", functools.partial(self._discover, name), interval))
         if actions.gateway is not None:
             jobs.append(("gateway", self._gateway_tick, 1.0))
         jobs.append(("self", self._feed_self, g.evaluation_interval))
@@ -204,6 +213,12 @@ class Daemon:
         """Scrape one target, then evaluate the rule groups that are due on the fresh samples."""
         await self.monitor.scrape(name, now)
         self.evaluation.after_scrape(self.clock(), scraped_at=now)
+
+    async def _discover(self, name: str, now: float) -> None:
+        """Look through one discovery; changed targets apply as a reload of the targets would."""
+        if await self.discovery.refresh(name):
+            self._adopt(self.discovery.effective(), self.monitor.rules)
+            await self.monitor.close_retired()
 
     async def _gateway_tick(self, now: float) -> None:
         """The gateway's signals go straight into the sample store: no scrape, no lag."""
@@ -264,17 +279,22 @@ class Daemon:
         old = self.monitor.config
         if (config.listen_host, config.listen_port) != (old.listen_host, old.listen_port):
             log.warning("listen address changes take effect only after a restart")
-        self.monitor.apply(config, rules, now=self.clock())
-        self.evaluation.apply(config, rules)
-        self._attach_gpu(config)
-        self.actions.apply(config)
-        self._schedule(config)
+        await self.discovery.apply(config)  # new discoveries look now; the others keep what they found
+        self._adopt(self.discovery.effective(), rules)
         await self.monitor.close_retired()
         self.counters.reloads_ok += 1
         self.counters.last_reload_ok = True
         self.counters.config_errors = 0
         log.info("config reloaded", extra={"targets": len(config.targets), "groups": len(rules)})
         return True, []
+
+    def _adopt(self, config: Config, rules: tuple[RuleGroup, ...]) -> None:
+        """Apply a config to every stage: a reload, or the targets the discoveries found."""
+        self.monitor.apply(config, rules, now=self.clock())
+        self.evaluation.apply(config, rules)
+        self._attach_gpu(config)
+        self.actions.apply(config)
+        self._schedule(config)
 
     def _attach_gpu(self, config: Config) -> None:
         mon = self.monitor
@@ -325,6 +345,7 @@ class Daemon:
             await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
         await self.schedule.cancel_running(SHUTDOWN_GRACE)
         await self.actions.aclose()
+        self.discovery.close()
         if self.monitor.gpu is not None:
             self.monitor.gpu.close()
         await self.monitor.aclose()
