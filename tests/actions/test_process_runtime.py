@@ -21,6 +21,8 @@ from vllm_watchdog.actions.args import set_args
 from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
 from vllm_watchdog.actions.procfs import read_stat
 from vllm_watchdog.actions.runtime import Launch
+from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.supervisor import retire_child
 from vllm_watchdog.errors import ActionError
 
 pytestmark = pytest.mark.anyio
@@ -412,3 +414,47 @@ async def test_unreadable_state_file_is_ignored(tmp_path: Path, make: Callable[.
     assert await runtime.ensure_running() is True
     await health(port)
     assert oct(path.stat().st_mode & 0o777) == "0o600"  # argv may hold an API key
+
+
+async def test_retire_stops_the_child_and_forgets_it(
+    tmp_path: Path, make: Callable[..., ProcessRuntime]
+) -> None:
+    port = free_port()
+    runtime = make(port=port)
+    assert await runtime.ensure_running()
+    pid = (await health(port))["pid"]
+    assert await runtime.retire(5.0) == pid
+    await until(lambda: not alive(int(str(pid))))
+    assert not (tmp_path / "state" / "process-vllm-0.json").exists()  # a target of that name starts afresh
+    assert await runtime.retire(5.0) is None  # nothing left: a no-op
+
+
+async def test_a_removed_targets_child_is_stopped_unless_actions_may_not_touch_it(
+    tmp_path: Path, make: Callable[..., ProcessRuntime], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    store = ActionStore(None)
+    port = free_port()
+    runtime = make(port=port)
+    await runtime.ensure_running()
+    pid = int(str((await health(port))["pid"]))
+    with caplog.at_level(logging.ERROR):
+        await retire_child("vllm-0", runtime, store, clock, dry_run=True, unrecordable=False)
+        store.set_paused(True, "maintenance", clock())
+        await retire_child("vllm-0", runtime, store, clock, dry_run=False, unrecordable=False)
+        store.set_paused(False, "", clock())
+        await retire_child("vllm-0", runtime, store, clock, dry_run=False, unrecordable=True)
+    assert alive(pid) and store.history() == []  # left running, and the log says nothing supervises it
+    why = [r.__dict__["why"] for r in caplog.records if "nothing supervises it" in r.getMessage()]
+    assert why == ["dry_run is on", "actions are paused", "state_dir is not writable"]
+    await retire_child("vllm-0", runtime, store, clock, dry_run=False, unrecordable=False)
+    assert not alive(pid)
+    (row,) = store.history()
+    assert (row.action, row.type, row.target, row.trigger, row.outcome) == (
+        "retire",
+        "stop",
+        "vllm-0",
+        "reload",
+        "succeeded",
+    )
+    assert f"its vLLM process {pid} was stopped" in row.reason

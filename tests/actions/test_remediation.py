@@ -521,3 +521,58 @@ async def test_a_restore_refused_while_paused_is_due_again_and_runs_after_the_re
     await r.tick(clock.now)
     await settle(r)
     assert rt.calls == ["replace", "commit", "replace", "commit"] and rt.current.args == ARGS
+
+
+class HeldRuntime(ScriptedRuntime):
+    """Its replace waits until `gate` is set: a flow still running when its target is removed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def replace(self, launch: Launch, stop_timeout: float) -> None:
+        self.calls.append("replace:held")
+        await self.gate.wait()
+        await super().replace(launch, stop_timeout)
+
+
+async def test_a_removed_target_ends_its_running_flow_and_nothing_else_of_it_runs() -> None:
+    r, rt, _, _, clock = make()
+    r.handle([alert("Hot")], clock.now)  # reconfigured; resolved: its restore is due in 10 m
+    await settle(r)
+    r.handle([alert("Hot", "resolved")], clock.now)
+    rt.fail_stop = True
+    r.handle([alert("Hung")], clock.now)  # fails: retried while the alert fires
+    await settle(r)
+    assert r.retries.get("restart", "vllm-0") is not None and r.store.get("restore/smaller/vllm-0")
+    held = HeldRuntime()
+    r.runtimes = {"vllm-0": held}
+    running = r.run_manual("draft_off", "vllm-0")
+    waiting = r.run_manual("draft_on", "vllm-0")
+    for _ in range(100):
+        if "replace:held" in held.calls:
+            break
+        await asyncio.sleep(0.001)
+    assert r.store.drains() and [j.action.name for j in r.queues["vllm-0"]] == ["draft_on"]
+
+    removed = CONFIG.replace(
+        'targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]', "targets: []"
+    )
+    r.apply(parse_config(removed, "c.yml"), {})
+    assert waiting.done is not None and (await waiting.done)["outcome"] == "skipped"
+    assert r.retries.get("restart", "vllm-0") is None and r.store.get("restore/smaller/vllm-0") is None
+    assert r.current["vllm-0"] is running  # the flow goes on to its end: never left half done
+    held.gate.set()
+    assert running.done is not None and (await running.done)["outcome"] == "succeeded"
+    await r.jobs.finished("vllm-0")
+    await asyncio.sleep(0)
+    assert r.store.drains() == {} and held.calls == ["replace:held", "replace", "commit"]
+    rows = {rec.action: rec for rec in r.store.history(limit=10)}
+    assert rows["draft_on"].outcome == "skipped" and rows["draft_on"].reason.startswith(
+        "target_removed: target vllm-0 was removed from the config"
+    )
+    assert not any(key[1] == "vllm-0" for key in r.audit.counts)  # nothing kept of it for /metrics
+    clock.advance(3600)
+    await r.tick(clock.now)  # no restore, retry or respawn for a target that is gone
+    await settle(r)
+    assert held.calls == ["replace:held", "replace", "commit"] and r.queues == {}

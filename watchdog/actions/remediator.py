@@ -124,18 +124,24 @@ class Remediator:
             self._forget(target, actions.values(), self.clock())
 
     def _forget(self, target: TargetConfig, actions: Iterable[ActionConfig], now: float) -> None:
-        """A target removed: nothing more runs on it, and nothing it left pending runs if it comes back."""
+        """A target removed: its waiting jobs are skipped on the target_removed rail, its retries and restores
+        cancelled (they would run if a target of that name came back), its counts dropped."""
         reason = f"{REMOVED_RAIL}: target {target.name} was removed from the config (reload or discovery)"
         for job in self.jobs.drop(target.name):
             result = self.audit.skip(job, REMOVED_RAIL, reason, now)
             if job.done is not None and not job.done.done():
                 job.done.set_result(result)
         for action in actions:
-            if self.retries.get(action.name, target.name) is not None:
-                log.info("pending retry cancelled: " + reason, extra={"action": action.name})
             self.retries.forget(action.name, target.name)
             self.restores.cancel(action, target.name)
         self.audit.forget(target.name)
+        worker = self.jobs.workers.get(target.name)
+        if worker is not None and not worker.done():  # the flow still running counts its outcome: then forget
+            worker.add_done_callback(lambda _: self._forget_counts(target.name))
+
+    def _forget_counts(self, name: str) -> None:
+        if all(t.name != name for t in self.config.targets):
+            self.audit.forget(name)
 
     # -- intake ------------------------------------------------------------------------------
     def handle(self, alerts: Sequence[OutgoingAlert], now: float, trigger: str = "alert") -> int:
