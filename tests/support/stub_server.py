@@ -7,6 +7,8 @@ It answers what the watchdog asks of vLLM: `/health`, `/metrics` (vLLM's queue g
 - `--term-delay S`: on SIGTERM, `/health` answers 503 and the server exits S seconds later, like a vLLM
   finishing its requests; a test kills the watchdog inside that window to hit the middle of a stop;
 - `--crash-file F`: if F exists at start, exit with status 1 as many seconds after start as F says;
+- `--hold-file F`: on SIGTERM, `/health` answers 503 and the server exits only once F exists (a stop that
+  lasts exactly until the test lets it end);
 - anything else (`--speculative-config ...`) is accepted and ignored, so actions can edit it.
 
 Only the standard library: in Docker it runs on the host's /usr/bin/python3 through read-only bind mounts.
@@ -34,9 +36,16 @@ def later(seconds, code):
     timer = threading.Timer(seconds, lambda: os._exit(code))
     timer.daemon = True
     timer.start()
+def hold(path):
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    os._exit(0)
 def on_term(*_):
     stopping.set()
-    later(float(opt("--term-delay", "0")), 0)
+    if opt("--hold-file"):
+        threading.Thread(target=hold, args=(opt("--hold-file"),), daemon=True).start()
+    else:
+        later(float(opt("--term-delay", "0")), 0)
 signal.signal(signal.SIGTERM, on_term)
 crash = opt("--crash-file")
 if crash and os.path.exists(crash):

@@ -153,10 +153,10 @@ class Remediator:
                 action = self.config.actions.get(name)
                 if action is None:
                     continue
-                if target is None:
-                    self.audit.refuse(
-                        action, alert.labels, trigger, "the alert names no configured target", now
-                    )
+                if target is None:  # a resolved one asks for nothing (its target may have just been removed)
+                    if alert.state != "resolved":
+                        reason = "the alert names no configured target"
+                        self.audit.refuse(action, alert.labels, trigger, reason, now)
                     continue
                 if alert.state == "resolved":
                     self.retries.forget(action.name, target.name)
