@@ -231,7 +231,9 @@ def config_secrets(config: Config) -> tuple[str, ...]:
     values: list[str] = list(config.env_secrets)
     if config.api_token:
         values.append(config.api_token)
-    for t in config.targets:
+    # A discovery's template holds the canary key and credentials of every target it finds.
+    templates = [sd.target for sd in config.file_sd_configs] + [sd.target for sd in config.docker_sd_configs]
+    for t in (*config.targets, *templates):
         if t.canary.api_key:
             values.append(t.canary.api_key)
         values += _url_password(t.url) + _client_secrets(t.http)

@@ -21,3 +21,16 @@ def test_a_dead_target_names_its_error_once(tmp_path: Path, capsys: pytest.Captu
     assert error.startswith("scrape, health: ") and "canary" in error, row
     # the scrape's and the health probe's identical refusal, once
     assert error.count(f"'127.0.0.1', {port}") == 1, row
+
+
+def test_discovered_targets_are_listed_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    (tmp_path / "sd.json").write_text(
+        f'[{{"targets": ["127.0.0.1:{port}"], "labels": {{"__watchdog_target__": "found"}}}}]'
+    )
+    cfg = write_config(
+        tmp_path, port=free_port(), rest="file_sd_configs: [{files: [sd.json], target: {canary: false}}]\n"
+    )
+    assert main(["targets", "-c", str(cfg)]) == EXIT_FAILED
+    [_, row] = capsys.readouterr().out.splitlines()
+    assert row.split()[:3] == ["found", f"http://127.0.0.1:{port}", "0"], row

@@ -13,6 +13,7 @@ from vllm_watchdog.cli import main
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.exitcodes import EXIT_CONFIG, EXIT_OK
+from vllm_watchdog.redact import config_secrets
 
 
 def problems(text: str) -> list[str]:
@@ -118,3 +119,19 @@ def test_check_validates_the_files_found_now(tmp_path: Path, capsys: pytest.Capt
     assert main(["check", str(cfg)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"{sd / 'bad.json'}:1: [0].labels: must not set 'instance'" in err
+
+
+def test_a_templates_secrets_are_masked_as_a_targets_are() -> None:
+    cfg = parse_config(
+        """file_sd_configs:
+  - files: [a.json]
+    target: {canary: {api_key: sk-canary-key}, basic_auth: {username: u, password: template-password}}
+docker_sd_configs:
+  - target: {authorization: {credentials: docker-template-token}}
+""",
+        "/etc/w/c.yml",
+        env={},
+    )
+    secrets = set(config_secrets(cfg))
+    assert {"sk-canary-key", "template-password", "docker-template-token"} <= secrets
+    assert not any(s in repr(cfg) for s in secrets)

@@ -24,8 +24,10 @@ from .targetset import Dropped, effective_targets
 log = logging.getLogger(__name__)
 
 
-def _no_docker() -> Any:
-    raise RuntimeError("no Docker client factory given")
+def _docker_from_env() -> Any:
+    from ..actions.plane import docker_from_env  # noqa: PLC0415  # what the docker runtimes use
+
+    return docker_from_env()
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class DiscoveryOptions:
     """What the discoveries are wired to: a Docker client factory (the one the docker runtimes use) and the
     wall clock (file_sd's racy-file rule)."""
 
-    docker_client: Callable[[], Any] = _no_docker
+    docker_client: Callable[[], Any] = _docker_from_env
     clock: Callable[[], float] = time.time
 
 
@@ -185,3 +187,15 @@ def _close(discovery: Discovery) -> None:
     close = getattr(discovery.looker, "close", None)
     if close is not None:
         close()
+
+
+def with_discovered(config: Config, options: DiscoveryOptions | None = None) -> Config:
+    """The config with what its discoveries find in one look each (the commands that scrape once)."""
+    if not config.file_sd_configs and not config.docker_sd_configs:
+        return config
+    discovery = TargetDiscovery(config, options or DiscoveryOptions())
+    try:
+        discovery.first_look()
+        return discovery.effective()
+    finally:
+        discovery.close()
