@@ -74,14 +74,15 @@ async def test_more_than_max_targets_keeps_the_last_good_set(tmp_path: Path) -> 
     write(tmp_path / "a" / "1.json", ("sd-a", 8001))
     d = TargetDiscovery(config(tmp_path), DiscoveryOptions(clock=Clock()))
     d.first_look()
-    write(tmp_path / "a" / "1.json", *[(f"sd-{i}", 8000 + i) for i in range(4)])
+    write(tmp_path / "a" / "1.json", ("sd-a", 8001), ("sd-b", 8002))
+    write(tmp_path / "a" / "2.json", ("sd-c", 8003), ("sd-d", 8004))  # each file is within the bound
     assert not await d.refresh("file_sd_configs[0]")
     assert names(d) == ["static-0", "sd-a"]
     first = d.discoveries["file_sd_configs[0]"]
     assert first.failures == 1 and "4 targets found, more than max_targets (3)" in first.problems[-1]
-    write(tmp_path / "a" / "1.json", *[(f"sd-{i}", 8000 + i) for i in range(3)])
+    (tmp_path / "a" / "2.json").unlink()
     assert await d.refresh("file_sd_configs[0]")
-    assert names(d) == ["static-0", "sd-0", "sd-1", "sd-2"] and first.problems == ()
+    assert names(d) == ["static-0", "sd-a", "sd-b"] and first.problems == ()
 
 
 async def test_a_reload_keeps_what_unchanged_discoveries_found_and_looks_through_new_ones(

@@ -182,6 +182,15 @@ def test_runtime_labels_are_checked_where_allowed() -> None:
     assert any("GPU indices" in p for p in problems_of(gpus, "/sd/a.json", DOCKER_OK))
 
 
+def test_a_file_listing_more_than_max_targets_is_refused_before_they_are_built() -> None:
+    many = json.dumps([{"targets": [f"127.0.0.1:{1000 + i}" for i in range(50_000)]}])
+    assert problems_of(many, "/sd/a.json") == [
+        "/sd/a.json:1: [0].targets: 50000 addresses, more than max_targets (64)"
+    ]
+    groups = json.dumps([{"targets": [f"127.0.0.1:{1000 + i}"]} for i in range(65)])
+    assert problems_of(groups, "/sd/a.json") == ["/sd/a.json:1: [64]: more than max_targets (64)"]
+
+
 def test_hostile_files_cost_little_and_are_not_echoed() -> None:
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
     assert problems_of(bomb) == ["/sd/a.yml:2: (yaml): aliases (*name) are not allowed here"]
