@@ -25,6 +25,7 @@ from .targetgroups import read_groups
 log = logging.getLogger(__name__)
 MAX_FILES = 256  # files one discovery reads; more matches are ignored (and logged)
 RACY = 2.0  # seconds: a file modified this close to its read may change again unseen
+LOGGED = 10  # problems of one refused file that are logged (all count in `problems`)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class FileDiscovery:
                 continue
             seen[path] = self._read(path, st, old)
         for entry in seen.values():
-            problems += [str(p) for p in entry.problems]
+            problems += [str(p) for p in entry.problems[:LOGGED]]
         self.files = seen
         targets = tuple(t for entry in seen.values() for t in entry.good)
         return Refresh(targets, tuple(problems))
@@ -102,10 +103,10 @@ class FileDiscovery:
         if problems:
             if old is None or old.identity != _identity(st) or old.problems != problems:
                 self.read_errors += 1
-                for problem in problems:
+                for problem in problems[:LOGGED]:
                     log.error(
                         "file_sd: file refused; its last good targets stay",
-                        extra={"discovery": self.sd.name, "problem": str(problem)},
+                        extra={"discovery": self.sd.name, "problem": str(problem), "problems": len(problems)},
                     )
             good = old.good if old is not None else ()
             return _File(_identity(st), st.st_mtime, racy, good, problems)
