@@ -3,6 +3,7 @@ answers), then against the real engine with cheap stub containers on the host ne
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -166,3 +167,29 @@ def test_labelled_stub_containers_are_found_on_the_real_engine(stubs: StubContai
         assert found is not None and found.targets == ()
     finally:
         discovery.close()
+
+
+def test_an_engine_outage_is_logged_once_and_its_end_too(caplog: pytest.LogCaptureFixture) -> None:
+    answers: list[Any] = [OSError("refused"), OSError("refused")]
+
+    class Engine:
+        class api:  # the SDK's attribute
+            @staticmethod
+            def containers(**_: Any) -> list[dict[str, Any]]:
+                return []
+
+        def close(self) -> None:
+            pass
+
+    def client() -> Any:
+        if answers:
+            raise answers.pop()
+        return Engine()
+
+    looker = DockerDiscovery(SD, client)
+    with caplog.at_level(logging.INFO):
+        assert looker.refresh() is None and looker.refresh() is None
+        found = looker.refresh()
+    assert found is not None and found.targets == ()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["docker_sd: Docker engine not reachable", "docker_sd: Docker engine reachable again"]

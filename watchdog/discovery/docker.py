@@ -158,6 +158,7 @@ class DockerDiscovery:
         self.client_factory = client_factory
         self._client: Any = None
         self.last: dict[str, TargetConfig] = {}
+        self._down = False
 
     def refresh(self) -> Refresh | None:
         """List the labelled containers (blocking: call it in a thread); None when the engine does not
@@ -170,11 +171,15 @@ class DockerDiscovery:
                 all=True, filters={"label": self.sd.label_prefix + "target"}, limit=limit
             )
         except Exception as exc:  # the docker SDK raises DockerException, requests and OS errors
-            log.error(
-                "docker_sd: Docker engine not reachable", extra={"discovery": self.sd.name, "error": str(exc)}
-            )
+            if not self._down:  # once per outage, not at every look
+                extra = {"discovery": self.sd.name, "error": str(exc)}
+                log.error("docker_sd: Docker engine not reachable", extra=extra)
+            self._down = True
             self.close()
             return None
+        if self._down:
+            log.info("docker_sd: Docker engine reachable again", extra={"discovery": self.sd.name})
+            self._down = False
         if len(listed) >= limit:
             log.error(
                 "docker_sd: too many labelled containers; the last targets stay",
