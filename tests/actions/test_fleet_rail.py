@@ -134,3 +134,23 @@ async def test_dry_runs_and_non_disruptive_actions_take_no_slot() -> None:
     r.handle([alert("Hung")], 0.0)
     await settle(r)
     assert budget.asked == [] and rt.calls == []
+
+
+async def test_a_target_removed_while_its_action_waits_for_a_slot_is_not_acted_on() -> None:
+    budget = Budget()
+    budget.gate = asyncio.Event()
+    r, rt, _ = make(budget)
+    r.handle([alert("Hung")], 0.0)
+    for _ in range(100):
+        if budget.asked:
+            break
+        await asyncio.sleep(0.001)
+    removed = CONFIG.replace(
+        'targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]', "targets: []"
+    )
+    r.apply(parse_config(removed, "c.yml"), {})  # a reload or discovery drops it meanwhile
+    budget.gate.set()
+    await settle(r)
+    assert rt.calls == [] and len(budget.released) == 1  # the slot is given back, nothing touched
+    (row,) = r.store.history()
+    assert row.outcome == "skipped" and row.reason.startswith("target_removed: target vllm-0 was removed")

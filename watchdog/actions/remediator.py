@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from .plans import Plan, execute_plan, plan_action
 from .preflight import server_started_at, unsupported
 from .rails import Rails, Verdict
 from .readiness import ReadyCheck
+from .removal import REMOVED_RAIL, forget_target, removed
 from .restores import Restores
 from .retries import Retries
 from .router import route, target_of
@@ -41,7 +42,6 @@ from .targetruntimes import UnavailableRuntime
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
-REMOVED_RAIL = "target_removed"  # the rail of jobs that waited for a target the config no longer has
 STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 
@@ -112,36 +112,16 @@ class Remediator:
         return self.jobs.current
 
     def apply(self, config: Config, runtimes: Mapping[str, Runtime]) -> None:
-        """Adopt a reloaded config; queued jobs keep the action settings they were queued with. A target that
-        left the config has its waiting jobs, pending retries and restores cancelled; its running job goes
-        on to the end of its flow (a flow cut short could leave the server stopped or drained)."""
-        old = self.config
-        self.config = config
-        self.runtimes = dict(runtimes)
-        kept = {t.name for t in config.targets}
-        actions = {**old.actions, **config.actions}
-        for target in [t for t in old.targets if t.name not in kept]:
-            self._forget(target, actions.values(), self.clock())
+        """Adopt a reloaded config; queued jobs keep the action settings they were queued with. What a target
+        that left the config left pending is undone (removal.py); its running job ends its flow."""
+        old, self.config, self.runtimes = self.config, config, dict(runtimes)
+        actions = {**old.actions, **config.actions}.values()
+        for name in {t.name for t in old.targets} - {t.name for t in config.targets}:
+            pending = (self.jobs, self.audit, self.retries, self.restores)
+            forget_target(name, actions, *pending, self.clock(), self._configured)
 
-    def _forget(self, target: TargetConfig, actions: Iterable[ActionConfig], now: float) -> None:
-        """A target removed: its waiting jobs are skipped on the target_removed rail, its retries and restores
-        cancelled (they would run if a target of that name came back), its counts dropped."""
-        reason = f"{REMOVED_RAIL}: target {target.name} was removed from the config (reload or discovery)"
-        for job in self.jobs.drop(target.name):
-            result = self.audit.skip(job, REMOVED_RAIL, reason, now)
-            if job.done is not None and not job.done.done():
-                job.done.set_result(result)
-        for action in actions:
-            self.retries.forget(action.name, target.name)
-            self.restores.cancel(action, target.name)
-        self.audit.forget(target.name)
-        worker = self.jobs.workers.get(target.name)
-        if worker is not None and not worker.done():  # the flow still running counts its outcome: then forget
-            worker.add_done_callback(lambda _: self._forget_counts(target.name))
-
-    def _forget_counts(self, name: str) -> None:
-        if all(t.name != name for t in self.config.targets):
-            self.audit.forget(name)
+    def _configured(self, name: str) -> bool:
+        return any(t.name == name for t in self.config.targets)
 
     # -- intake ------------------------------------------------------------------------------
     def handle(self, alerts: Sequence[OutgoingAlert], now: float, trigger: str = "alert") -> int:
@@ -247,6 +227,8 @@ class Remediator:
             if job.restore:  # due again later, not lost
                 self.restores.later(job, now)
             return self._skip(job, Verdict(False, grant.refusal, FLEET_RAIL), now)
+        if not self._configured(job.target.name):  # removed (reload, discovery) while it waited for its slot
+            return self._skip(job, Verdict(False, removed(job.target.name), REMOVED_RAIL), now)
         verdict, plan = await self._decide(job, runtime, gateway, started, now)
         if plan is None:
             return self._skip(job, verdict, now)
