@@ -119,3 +119,18 @@ async def test_own_metrics(tmp_path: Path) -> None:
         f'vllm_watchdog_sd_file_mtime_seconds{{discovery="file_sd_configs[0]",filename="{tmp_path}/a/1.json"}}',
     ):
         assert line in text, text
+
+
+async def test_a_look_that_raises_is_a_failed_look(tmp_path: Path) -> None:
+    write(tmp_path / "a" / "1.json", ("sd-a", 8001))
+    d = TargetDiscovery(config(tmp_path), DiscoveryOptions(clock=Clock()))
+    d.first_look()
+
+    class Broken:
+        def refresh(self) -> None:
+            raise TypeError("an answer nobody foresaw")
+
+    first = d.discoveries["file_sd_configs[0]"]
+    first.looker = Broken()
+    assert not await d.refresh("file_sd_configs[0]")
+    assert first.failures == 1 and names(d) == ["static-0", "sd-a"]  # what it found last stays

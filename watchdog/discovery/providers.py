@@ -89,6 +89,16 @@ class Discovery:
         return True
 
 
+def _safely(discovery: Discovery) -> Refresh | None:
+    """One look; a bug or an answer nobody foresaw (an engine's odd JSON) is a failed look, not a failed
+    reload or start-up."""
+    try:
+        return discovery.looker.refresh()
+    except Exception:
+        log.exception("discovery look failed", extra={"discovery": discovery.sd.name})
+        return None
+
+
 def _fingerprint(targets: tuple[TargetConfig, ...]) -> list[tuple[TargetConfig, object]]:
     """The targets with what was discovered about each (which the targets' own equality leaves out)."""
     return [(t, t.discovered) for t in sorted(targets, key=lambda t: t.name)]
@@ -131,7 +141,7 @@ class TargetDiscovery:
         """Look through every discovery once, blocking (at start-up, before the daemon builds its stages,
         so that actions left in flight on a discovered target are reconciled, not dropped)."""
         for discovery in self.discoveries.values():
-            discovery.accept(discovery.looker.refresh())
+            discovery.accept(_safely(discovery))
         self._effective()
 
     async def apply(self, config: Config) -> None:
@@ -152,7 +162,7 @@ class TargetDiscovery:
 
     async def _look(self, discovery: Discovery) -> bool:
         async with discovery.busy:  # a reload's look and the job's never run side by side
-            found = await asyncio.to_thread(discovery.looker.refresh)
+            found = await asyncio.to_thread(_safely, discovery)
         if self.discoveries.get(discovery.sd.name) is not discovery:
             return False  # a reload replaced it meanwhile
         return discovery.accept(found)
