@@ -56,6 +56,15 @@ class FakeGpu:
     fb_used_bytes: int = 1 * GIB  # what programs hold: the v2 call's `used`
     fb_reserved_bytes: int = 0  # the driver's own; the v1 call counts it as used (an idle H200: 615 MiB)
     xid_supported: bool = True  # False: registering XID events raises NotSupported
+    pstate: int = 0
+    ecc_volatile: tuple[int, int] = (0, 0)  # (corrected, uncorrected) since the driver loaded
+    ecc_aggregate: tuple[int, int] = (0, 0)  # over the GPU's life
+    retired_pages: tuple[int, int, bool] | None = (
+        0,
+        0,
+        False,
+    )  # (single, double, pending); None: NotSupported
+    remapped_rows: tuple[int, int, bool, bool] | None = (0, 0, False, False)  # None: NotSupported
     lost: bool = False  # True: every call on this GPU raises NVMLError_GpuIsLost
 
 
@@ -95,6 +104,14 @@ class FakeNvml:
     NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
     NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
     NVML_FI_DEV_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
     NVML_VALUE_TYPE_UNSIGNED_INT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
@@ -286,6 +303,39 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:
         """The same bitmask under its pre-rename name."""
         return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clock_reasons
+
+    def nvmlDeviceGetPerformanceState(self, handle: FakeHandle) -> int:
+        """The performance state, 0 (P0, fastest) to 15."""
+        return self._gpu("nvmlDeviceGetPerformanceState", handle).pstate
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter_type: int) -> int:
+        """ECC errors of one type (corrected, uncorrected) on one counter (volatile, aggregate)."""
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+        counts = gpu.ecc_volatile if counter_type == self.NVML_VOLATILE_ECC else gpu.ecc_aggregate
+        return counts[0] if error_type == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else counts[1]
+
+    def nvmlDeviceGetRetiredPages(self, handle: FakeHandle, cause: int) -> list[int]:
+        """Addresses of the pages retired for `cause`; NotSupported where the GPU remaps rows instead."""
+        gpu = self._gpu("nvmlDeviceGetRetiredPages", handle, cause)
+        if gpu.retired_pages is None:
+            raise pynvml.NVMLError_NotSupported()
+        single = cause == self.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+        return [0x1000 * (i + 1) for i in range(gpu.retired_pages[0 if single else 1])]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
+        """1 if a retirement waits for the next reboot."""
+        gpu = self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if gpu.retired_pages is None:
+            raise pynvml.NVMLError_NotSupported()
+        return int(gpu.retired_pages[2])
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
+        """(corrected, uncorrected, pending, failure) as pynvml returns them."""
+        gpu = self._gpu("nvmlDeviceGetRemappedRows", handle)
+        if gpu.remapped_rows is None:
+            raise pynvml.NVMLError_NotSupported()
+        corrected, uncorrected, pending, failure = gpu.remapped_rows
+        return corrected, uncorrected, int(pending), int(failure)
 
     # -- events ---------------------------------------------------------------------------
 
