@@ -22,8 +22,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-# pytest stays below 9 (pyproject.toml says why); a .venv made before that pin is made again.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import vllm_watchdog, pytest, xdist, hypothesis, matplotlib, re2, sys; sys.exit(int(pytest.__version__.split('.')[0]) >= 9)" 2>/dev/null; then
+# pytest stays below 9 (pyproject.toml says why); a .venv made before that pin, or before py-spy (incident
+# bundles) was a dependency, is made again.
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/py-spy ] || ! .venv/bin/python -c "import vllm_watchdog, pytest, xdist, hypothesis, matplotlib, re2, sys; sys.exit(int(pytest.__version__.split('.')[0]) >= 9)" 2>/dev/null; then
   echo "setup: creating .venv with vllm-watchdog and its dev tools" >&2
   "$PY" -m venv .venv
   .venv/bin/pip install -q -e ".[dev]" >&2

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..config.durations import parse_duration
+from ..config.durations import parse_duration, parse_size
 from ..config.yamlnodes import Node
 from ..gateway.config import ADAPTIVE_SIGNALS, ThrottleSpec
 from ..matchers import Matcher, parse_matchers
@@ -76,6 +76,23 @@ class ActionConfig:
     def disruptive(self) -> bool:
         """Whether the action stops the server (one at a time per target)."""
         return self.type in DISRUPTIVE
+
+
+@dataclass(frozen=True)
+class IncidentConfig:
+    """`incidents:`: the evidence collected before a disruptive action, and how many bundles are kept."""
+
+    enabled: bool = True  # needs a state_dir: bundles go to state_dir/incidents
+    budget: float = 5.0  # the most collection may delay the action's first disruptive step
+    keep: int = 20  # bundles kept, newest first
+    max_bytes: int = 256 * 1024 * 1024  # and at most this much in all
+    log_lines: int = 200  # the last lines of the vLLM log
+    metrics_window: float = 600.0  # the target's series this far back
+    py_spy: str = ""  # the py-spy executable; "": next to the watchdog's interpreter, else on PATH
+
+
+MAX_INCIDENT_BUDGET = 60.0
+MAX_LOG_LINES = 10_000
 
 
 @dataclass(frozen=True)
@@ -289,4 +306,35 @@ def parse_route(node: Node, actions: Mapping[str, ActionConfig], declared: set[s
         actions=tuple(n for n in names if n in actions),
         continue_=bool(cont),
         line=node.line,
+    )
+
+
+def parse_incidents(node: Node) -> IncidentConfig:
+    """The `incidents:` section."""
+    d = IncidentConfig()
+    m = node.mapping({"enabled", "budget", "keep", "max_bytes", "log_lines", "metrics_window", "py_spy"})
+    if m is None:
+        return d
+    enabled = m["enabled"].boolean() if "enabled" in m else None
+    budget = m["budget"].parsed(parse_duration) if "budget" in m else None
+    if budget is not None and not 0 < budget <= MAX_INCIDENT_BUDGET:
+        m["budget"].error(f"must be greater than 0 and at most {MAX_INCIDENT_BUDGET:.0f}s")
+        budget = None
+    keep = m["keep"].integer(minimum=1) if "keep" in m else None
+    size = m["max_bytes"].parsed(parse_size) if "max_bytes" in m else None
+    if size == 0:
+        m["max_bytes"].error("must be greater than 0")
+    lines = m["log_lines"].integer(minimum=0) if "log_lines" in m else None
+    if lines is not None and lines > MAX_LOG_LINES:
+        m["log_lines"].error(f"must be at most {MAX_LOG_LINES}")
+        lines = None
+    window = m["metrics_window"].parsed(parse_duration) if "metrics_window" in m else None
+    return IncidentConfig(
+        enabled=d.enabled if enabled is None else enabled,
+        budget=budget or d.budget,
+        keep=keep or d.keep,
+        max_bytes=size or d.max_bytes,
+        log_lines=d.log_lines if lines is None else lines,
+        metrics_window=d.metrics_window if window is None else window,
+        py_spy=(m["py_spy"].string() or "") if "py_spy" in m else "",
     )

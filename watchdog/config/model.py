@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..actions.config import ActionConfig, RouteConfig
+from ..actions.config import ActionConfig, IncidentConfig, RouteConfig, parse_incidents
 from ..discovery.config import DockerSdConfig, FileSdConfig, parse_docker_sd, parse_file_sd
 from ..errors import ConfigError, Problem
 from ..fleet.config import FleetConfig, parse_fleet
@@ -87,6 +87,7 @@ class Config:
     actions: Mapping[str, ActionConfig] = field(default_factory=dict)
     notifiers: tuple[NotifierConfig, ...] = ()
     dry_run: bool = False  # every action only logs what it would do
+    incidents: IncidentConfig = field(default_factory=IncidentConfig)  # evidence before disruptive actions
     # The watchdog's own URL as people reach it (Prometheus' --web.external-url): alerts' generatorURL.
     external_url: str = ""  # "": Prometheus' default for the listen address (web_external_url)
     runbook_base_url: str = ""  # a relative runbook_url annotation resolves against it; "": left as is
@@ -289,6 +290,7 @@ TOP_LEVEL_KEYS = {
     "fleet",
     "file_sd_configs",
     "docker_sd_configs",
+    "incidents",
 }
 
 
@@ -340,6 +342,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         actions=actions,
         notifiers=notifiers,
         dry_run=bool(top["dry_run"].boolean()) if "dry_run" in top else False,
+        incidents=parse_incidents(top["incidents"]) if "incidents" in top else IncidentConfig(),
         gateway=gateway,
         fleet=parse_fleet(top["fleet"]) if "fleet" in top else None,
         file_sd_configs=parse_file_sd(top["file_sd_configs"], base, global_.job)
