@@ -25,7 +25,8 @@ from docker import DockerClient
 from docker.errors import APIError, DockerException, NotFound
 
 from ..errors import ActionError, RefusedError
-from .runtime import Launch
+from .incidents.bounded import last_lines
+from .runtime import Launch, LogTail, ServerPid
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,38 @@ class DockerRuntime:
     async def close(self) -> None:
         """Close the Docker client; the container is left as it is."""
         await asyncio.to_thread(self._client.close)
+
+    # -- what an incident bundle reads (not under the lock: a running action's call may hang) ----
+
+    async def server_pid(self) -> ServerPid:
+        """The container's main process as the host numbers it (docker inspect's State.Pid)."""
+        try:
+            found = await asyncio.to_thread(self._find, self.container)
+        except (DockerException, OSError) as exc:
+            return ServerPid(None, problem=f"docker inspect of {self.container!r}: {_explain(exc)}")
+        if found is None or not found.attrs["State"].get("Pid"):
+            return ServerPid(None, problem=f"container {self.container!r} is not running")
+        return ServerPid(int(found.attrs["State"]["Pid"]), container_id=str(found.id))
+
+    async def log_tail(self, lines: int, max_bytes: int) -> LogTail:
+        """`docker logs --tail` of the container, stdout and stderr, at most `max_bytes` read."""
+        source = f"docker logs {self.container}"
+        try:
+            data, cut = await asyncio.to_thread(self._logs, lines, max_bytes)
+        except (DockerException, OSError) as exc:
+            return LogTail(source, problem=_explain(exc))
+        return LogTail(source, tuple(last_lines(data, lines, cut)))
+
+    def _logs(self, lines: int, max_bytes: int) -> tuple[bytes, bool]:
+        found = self._require(self.container)
+        data, cut = bytearray(), False
+        # Docker splits lines longer than 16 KiB, so `tail` lines are a bounded read; the newest come last.
+        for chunk in found.logs(stdout=True, stderr=True, tail=lines, stream=True, follow=False):
+            data += chunk
+            if len(data) > max_bytes:
+                del data[: len(data) - max_bytes]
+                cut = True
+        return bytes(data), cut
 
     # -- plumbing ------------------------------------------------------------------------------
 

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ActionError
+from .incidents.bounded import last_lines, read_tail
 from .processstate import ProcessState, read_state, write_state
 from .procfs import Child, marked_leader, read_stat
-from .runtime import Launch
+from .runtime import Launch, LogTail, ServerPid
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,26 @@ class ProcessRuntime:
                 with contextlib.suppress(FileNotFoundError):
                     self._state_path.unlink()
             return pid
+
+    # -- what an incident bundle reads ----------------------------------------------------------
+
+    async def server_pid(self) -> ServerPid:
+        """The child's pid while it runs."""
+        child = self._child
+        if child is None or not child.alive():
+            return ServerPid(None, problem="the vLLM process is not running")
+        return ServerPid(child.pid)
+
+    async def log_tail(self, lines: int, max_bytes: int) -> LogTail:
+        """The end of the file the child's output goes to (state_dir/vllm-<target>.log)."""
+        path = self._log_path
+        if path is None:
+            return LogTail("", problem="no log file: the child's output is not kept without a state_dir")
+        try:
+            data, cut = await asyncio.to_thread(read_tail, path, max_bytes)
+        except OSError as exc:
+            return LogTail(path, problem=f"cannot read {path}: {exc.strerror or exc}")
+        return LogTail(path, tuple(last_lines(data, lines, cut)))
 
     # -- starting and stopping ----------------------------------------------------------------
 

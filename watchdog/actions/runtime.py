@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -88,4 +88,35 @@ class Runtime(Protocol):
 
     async def close(self) -> None:
         """Release clients; never stops the server."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServerPid:
+    """Where a target's vLLM runs on this host: its top process by host pid, or why there is none."""
+
+    pid: int | None
+    container_id: str = ""  # docker: the process must lie in this container's cgroup
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The last lines of a target's vLLM log, where they came from, or why there are none."""
+
+    source: str
+    lines: tuple[str, ...] = ()
+    problem: str = ""
+
+
+@runtime_checkable
+class Observable(Protocol):
+    """A runtime that can say where its vLLM runs and show its log (what an incident bundle keeps)."""
+
+    async def server_pid(self) -> ServerPid:
+        """The server's top process; never raises (a failure is the ServerPid's problem)."""
+        ...
+
+    async def log_tail(self, lines: int, max_bytes: int) -> LogTail:
+        """The last `lines` lines of the server's log, at most `max_bytes` read; never raises."""
         ...

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import logging
 import re
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
 from ..errors import ActionError, RefusedError
-from .runtime import Launch
+from .incidents.bounded import run_command
+from .runtime import Launch, LogTail, ServerPid
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,31 @@ class SystemdRuntime:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+    # -- what an incident bundle reads ----------------------------------------------------------
+
+    async def server_pid(self) -> ServerPid:
+        """The unit's main process (systemctl show MainPID)."""
+        try:
+            pid = int((await self._show("MainPID")).get("MainPID", "0"))
+        except (ActionError, ValueError) as exc:
+            return ServerPid(None, problem=f"no MainPID for {self.unit}: {exc}")
+        return ServerPid(pid) if pid > 0 else ServerPid(None, problem=f"{self.unit} has no main process")
+
+    async def log_tail(self, lines: int, max_bytes: int) -> LogTail:
+        """The unit's journal (journalctl -u), where journalctl exists."""
+        source = f"journalctl -u {self.unit}"
+        journalctl = shutil.which("journalctl")
+        if journalctl is None:
+            return LogTail(source, problem="journalctl is not installed: no journal to read")
+        argv = [journalctl, "--no-pager", "-o", "short-iso", "-n", str(lines), "-u", self.unit]
+        try:
+            out = await run_command(argv, max_bytes)
+        except OSError as exc:
+            return LogTail(source, problem=f"cannot run journalctl: {exc.strerror or exc}")
+        if out.code != 0 and not out.truncated:
+            return LogTail(source, problem=out.problem(journalctl))
+        return LogTail(source, tuple(out.stdout.decode(errors="replace").splitlines()[-lines:]))
 
     # -- systemctl --------------------------------------------------------------------------
 
