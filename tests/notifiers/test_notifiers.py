@@ -361,6 +361,15 @@ async def test_webhook_payloads_headers_and_order(receiver: Receiver) -> None:
     assert sent["content-type"] == "application/json"
 
 
+def test_an_action_event_carries_its_incident_as_an_annotation() -> None:
+    event = ActionEvent("r", "restart", "a", "started", "restart a", T0, {}, False, 3, {"incident": "i-3"})
+    payload = event_payload(event.to_json(), "ops", "http://127.0.0.1:9099")
+    assert payload["commonAnnotations"] == {"incident": "i-3"}
+    assert payload["event"]["annotations"] == {"incident": "i-3"}
+    plain = ActionEvent("r", "restart", "a", "skipped", "cooldown", T0, {}, False).to_json()
+    assert "annotations" not in plain and event_payload(plain, "ops", "")["commonAnnotations"] == {}
+
+
 async def test_matchers_send_resolved_and_events_only_to_webhooks(receiver: Receiver) -> None:
     critical = (parse_matcher('severity="critical"'),)
     pager = notifier("pager", "webhook", f"{receiver.url}/pager", matchers=critical, send_resolved=False)

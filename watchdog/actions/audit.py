@@ -78,20 +78,26 @@ class Audit:
             needed_at=job.needed_at,
         )
 
-    def started(self, job: Job, action_id: int, plan: str, now: float) -> None:
-        """A real action began (its row was written by ActionStore.begin)."""
-        self._event(job, "started", plan, now, action_id)
-        log.warning(
-            "action started", extra={"action": job.action.name, "target": job.target.name, "plan": plan}
-        )
+    def started(self, job: Job, action_id: int, plan: str, now: float, incident: str = "") -> None:
+        """A real action began (its row was written by ActionStore.begin); `incident`: its bundle's id."""
+        self._event(job, "started", plan, now, action_id, incident)
+        extra = {"action": job.action.name, "target": job.target.name, "plan": plan}
+        log.warning("action started", extra=extra | ({"incident": incident} if incident else {}))
 
     def finish(
-        self, job: Job, action_id: int, outcome: str, reason: str, details: Mapping[str, object], now: float
+        self,
+        job: Job,
+        action_id: int,
+        outcome: str,
+        reason: str,
+        details: Mapping[str, object],
+        now: float,
+        incident: str = "",
     ) -> dict[str, Any]:
         """A real action ended."""
         self.store.finish(action_id, outcome, now, reason, dict(details) or None)
         self.count(job.action.name, job.target.name, outcome)
-        self._event(job, outcome, reason, now, action_id)
+        self._event(job, outcome, reason, now, action_id, incident)
         level = logging.WARNING if outcome == "succeeded" else logging.ERROR
         extra = {"action": job.action.name, "target": job.target.name, "reason": reason}
         log.log(level, "action " + outcome, extra=extra)
@@ -138,7 +144,9 @@ class Audit:
             log.error("action refused", extra={"action": action.name, "target": target, "reason": reason})
         return {"outcome": "refused", "reason": reason}
 
-    def _event(self, job: Job, outcome: str, reason: str, now: float, action_id: int | None) -> None:
+    def _event(
+        self, job: Job, outcome: str, reason: str, now: float, action_id: int | None, incident: str = ""
+    ) -> None:
         if self.hub is None:
             return
         a = job.action
@@ -152,6 +160,7 @@ class Audit:
             labels=dict(job.labels),
             dry_run=self.dry(a),
             action_id=action_id,
+            annotations={"incident": incident} if incident else {},
         )
         self.hub.event(event, now)
 

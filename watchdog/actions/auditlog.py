@@ -88,6 +88,13 @@ class AuditLog(StateDB):
             )
 
     @writes
+    def annotate(self, action_id: int, details: Mapping[str, Any]) -> None:
+        """Merge `details` into a running action's details now (finish merges its own later)."""
+        with transaction(self._db) as db:
+            merged = json.loads(self._running(action_id)) | dict(details)
+            db.execute("UPDATE actions SET details = ? WHERE id = ?", (json_text(merged), action_id))
+
+    @writes
     def finish(
         self,
         action_id: int,

@@ -35,6 +35,10 @@ async def _no_gateway() -> int | None:
     return None
 
 
+async def _no_evidence() -> None:
+    return None
+
+
 @dataclass
 class FlowContext:
     """What a flow needs about one target."""
@@ -50,6 +54,8 @@ class FlowContext:
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    # Waits for the incident's evidence (within its budget) before the first step that stops or changes vLLM.
+    evidence: Callable[[], Awaitable[None]] = _no_evidence
 
     async def wait_ready(self, timeout: float) -> tuple[bool, str]:
         """Wait for /health and a canary; give up at once if the server process or container exited."""
@@ -107,6 +113,7 @@ async def restart(
     """Drain, stop, start, wait for /health and a canary, undrain."""
     try:
         await drain(ctx, action_id, drain_timeout)
+        await ctx.evidence()
         await ctx.enter(action_id, "stop", timeout=stop_timeout)
         await ctx.runtime.stop(stop_timeout)
         await ctx.enter(action_id, "start")
@@ -134,6 +141,7 @@ async def relaunch(
     """Replace the server with `new`; if it is not ready in time, roll back to the old one exactly."""
     try:
         await drain(ctx, action_id, drain_timeout)
+        await ctx.evidence()
         # `argv`, not `args` (LogRecord's own attribute); reconcile reads it back to tell new from old
         await ctx.enter(action_id, "replace", argv=list(new.args))
         try:

@@ -7,7 +7,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from ..notifiers.hub import NotificationHub
 from ..promql.engine import Engine
 from ..promql.values import QueryError, Vector
 from ..statehealth import StateHealth
+from .incidents.recorder import RecorderOptions
 from .power import PowerLimiter
 from .process import ProcessRuntime
 from .readiness import ReadyCheck
@@ -53,6 +54,10 @@ def _not_paused(target: str, now: float) -> str:
     return ""
 
 
+def _no_alerts() -> Sequence[Mapping[str, Any]]:
+    return ()
+
+
 def fleet_member(config: Config) -> str:
     """This watchdog's name in its fleet group: `fleet.member`, else <hostname>:<API port>."""
     assert config.fleet is not None
@@ -74,6 +79,7 @@ class ActionPlaneOptions:
     gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link
     # Why a target's engine is paused or asleep on purpose ("" if it is not): the monitor's view.
     engine_state: Callable[[str, float], str] = _not_paused
+    firing: Callable[[], Sequence[Mapping[str, Any]]] = _no_alerts  # the alerts now, for incident bundles
 
 
 class ActionPlane:
@@ -153,6 +159,13 @@ class ActionPlane:
                 monotonic=monotonic,
                 state=self.health,
                 budget=budget,
+                incidents=RecorderOptions(
+                    store=lambda: self.engine().store,
+                    firing=options.firing,
+                    nvml=nvml,
+                    clock=clock,
+                    monotonic=monotonic,
+                ),
             ),
         )
 

@@ -160,6 +160,7 @@ async def execute_plan(
 async def _set_power(plan: Plan, ctx: FlowContext, action_id: int, store: ActionStore, power: Any) -> Outcome:
     """Set (or restore) each GPU's limit; NVML calls can block on a sick GPU, so they run in a thread."""
     applied: dict[str, object] = {}
+    await ctx.evidence()
     try:
         for index, watts in sorted(plan.power.items()):
             key = f"power/{ctx.target.name}/{index}"

@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.model import Config
@@ -24,6 +24,7 @@ from .config import GATEWAY_ACTIONS, ActionConfig
 from .episodes import Episodes
 from .flows import FlowContext, Outcome, reconcile
 from .gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
+from .incidents.recorder import Incident, IncidentRecorder, RecorderOptions
 from .jobqueues import JobQueues
 from .plans import Plan, execute_plan, plan_action
 from .preflight import server_started_at, unsupported
@@ -71,6 +72,8 @@ class RemediatorOptions:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     state: StateHealth | None = None  # a disruptive action that cannot be recorded is refused
     budget: DisruptionBudget = NO_BUDGET  # the fleet's slots: a disruptive action waits for one (fleet rail)
+    # What the evidence collected before a disruptive action reads (the store, the firing alerts, NVML).
+    incidents: RecorderOptions = field(default_factory=RecorderOptions)
 
 
 class Remediator:
@@ -95,6 +98,7 @@ class Remediator:
         self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
         self.restores = Restores(store)
         self.audit = Audit(store, self.hub, self._dry)
+        self.incidents = IncidentRecorder(config, options.incidents)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
         self.jobs = JobQueues(
@@ -115,6 +119,7 @@ class Remediator:
         """Adopt a reloaded config; queued jobs keep the action settings they were queued with. What a target
         that left the config left pending is undone (removal.py); its running job ends its flow."""
         old, self.config, self.runtimes = self.config, config, dict(runtimes)
+        self.incidents.apply(config)
         actions = {**old.actions, **config.actions}.values()
         for name in {t.name for t in old.targets} - {t.name for t in config.targets}:
             pending = (self.jobs, self.audit, self.retries, self.restores)
@@ -285,8 +290,9 @@ class Remediator:
         if action.disruptive and self.store.degraded:  # the row went to memory: the file refused it just now
             problem = self._unrecordable(action) or "state_unwritable: the audit log could not be written"
             return self._finish(job, action_id, Outcome("skipped", problem))
-        self.audit.started(job, action_id, plan.describe, now)
-        ctx = self._context(target, runtime)
+        incident = self._incident(job, plan.kind, plan.describe, action_id, runtime)
+        self.audit.started(job, action_id, plan.describe, now, incident.id if incident else "")
+        ctx = self._context(target, runtime, incident)
         try:
             if gateway is not None and plan.kind == "gateway":
                 outcome = await execute_gateway(action, job.labels, gateway, ctx, action_id)
@@ -295,7 +301,19 @@ class Remediator:
         except Exception as exc:  # a bug in a flow: the row must not stay "running" (the busy rail reads it)
             log.exception("action crashed", extra={"action": action.name, "target": target.name})
             outcome = Outcome("failed", f"internal error: {exc}")
-        return self._finish(job, action_id, outcome)
+        if incident is not None:  # the bundle is written by now, or why not is known
+            outcome = Outcome(outcome.outcome, outcome.reason, {**outcome.details, **await incident.close()})
+        return self._finish(job, action_id, outcome, incident.id if incident else "")
+
+    def _incident(
+        self, job: Job, kind: str, plan: str, action_id: int, runtime: Runtime | None
+    ) -> Incident | None:
+        """Start collecting the evidence of a restart, relaunch or power change, its id in the audit row."""
+        if not self.incidents.wanted(job, kind):
+            return None
+        incident = self.incidents.open(job, plan, action_id, runtime)
+        self.store.annotate(action_id, {"incident": incident.id})
+        return incident
 
     def _unrecordable(self, action: ActionConfig) -> str:
         """Why a disruptive action cannot run now because its audit row could not be kept ("" if it can):
@@ -321,7 +339,9 @@ class Remediator:
             await gw.set_drain(True)
         return gw.in_flight()
 
-    def _context(self, target: TargetConfig, runtime: Runtime | None) -> FlowContext:
+    def _context(
+        self, target: TargetConfig, runtime: Runtime | None, incident: Incident | None = None
+    ) -> FlowContext:
         return FlowContext(
             store=self.store,
             target=target,
@@ -332,11 +352,14 @@ class Remediator:
             clock=self.clock,
             monotonic=self.monotonic,
             sleep=self.sleep,
+            **({"evidence": incident.evidence} if incident is not None else {}),
         )
 
-    def _finish(self, job: Job, action_id: int, outcome: Outcome) -> dict[str, Any]:
+    def _finish(self, job: Job, action_id: int, outcome: Outcome, incident: str = "") -> dict[str, Any]:
         now = self.clock()
-        result = self.audit.finish(job, action_id, outcome.outcome, outcome.reason, outcome.details, now)
+        result = self.audit.finish(
+            job, action_id, outcome.outcome, outcome.reason, outcome.details, now, incident
+        )
         if outcome.outcome in ("failed", "rolled_back"):
             self.retries.failed(job)
         elif outcome.outcome == "succeeded":

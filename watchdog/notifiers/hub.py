@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -47,10 +47,11 @@ class ActionEvent:
     labels: Mapping[str, str]
     dry_run: bool
     action_id: int | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)  # `incident`: the bundle's id
 
     def to_json(self) -> dict[str, Any]:
         """The `event` object of a webhook payload (with `at` still in unix seconds)."""
-        return {
+        out = {
             "action": self.action,
             "type": self.type,
             "target": self.target,
@@ -61,6 +62,7 @@ class ActionEvent:
             "dryRun": self.dry_run,
             "actionId": self.action_id,
         }
+        return out | ({"annotations": dict(self.annotations)} if self.annotations else {})
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def event_payload(event: Mapping[str, Any], receiver: str, external_url: str) ->
         "receiver": receiver,
         "groupLabels": group,
         "commonLabels": dict(event.get("labels") or {}),
-        "commonAnnotations": {},
+        "commonAnnotations": dict(event.get("annotations") or {}),
         "externalURL": external_url,
         "alerts": [],
         "event": body,

@@ -174,6 +174,7 @@ class Daemon:
             monotonic=self.monotonic,
             gateway_link=_attach_only if self.options.external_gateway else process_link,
             engine_state=mon.engine_state,
+            firing=lambda: self.evaluation.manager.alerts_json()["data"]["alerts"],
         )
 
     # -- jobs -------------------------------------------------------------------------------
