@@ -1,5 +1,5 @@
-"""The `vllm-watchdog` command line: run, check, targets, fleet, query, test-rules, replay, top, init and
-reload."""
+"""The `vllm-watchdog` command line: run, check, targets, fleet, query, test-rules, replay, top, init, reload
+and incident."""
 
 # Each handler imports what only its sub-command uses: `--version`, `check` and `test-rules` (CI runs it once
 # per file) then start without the daemon, the gateway, an HTTP client or asyncio (tests/test_cli_imports.py).
@@ -250,6 +250,18 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return EXIT_OK if print_fleet(loaded[0], sys.stdout, sys.stderr) else EXIT_FAILED
 
 
+def cmd_incident(args: argparse.Namespace) -> int:
+    """List the incident bundles of the config's state_dir, or show one as a readable summary."""
+    from .commands.incident import run_incident
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    return run_incident(
+        loaded[0], args.verb, args.id, sys.stdout, sys.stderr, frames=args.frames, lines=args.lines
+    )
+
+
 def _command(
     sub: Any,
     name: str,
@@ -419,6 +431,20 @@ def build_parser() -> argparse.ArgumentParser:
     reload.add_argument("--url", default="http://127.0.0.1:9460", help="the watchdog's API (its `listen`)")
     reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID), for SIGHUP")
     reload.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the outcome")
+    incident = _command(
+        sub,
+        "incident",
+        cmd_incident,
+        "list incident bundles, or show one",
+        "`list` the incident bundles in the config's state_dir/incidents, newest first; `show ID` prints one "
+        "as a summary: what fired, what was done (and its outcome), where each vLLM thread was, what the "
+        "GPUs said, and the last log lines. Exit 0, 1 if the bundle cannot be read, 2 without a state_dir or "
+        "ID.",
+    )
+    incident.add_argument("verb", choices=["list", "show"])
+    incident.add_argument("id", nargs="?", help="the incident's id (show)")
+    incident.add_argument("--frames", type=int, default=5, help="innermost frames shown per thread")
+    incident.add_argument("--lines", type=int, default=20, help="last log lines shown")
     return parser
 
 

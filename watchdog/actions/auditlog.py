@@ -120,6 +120,11 @@ class AuditLog(StateDB):
             raise ValueError(f"action {action_id} has already finished ({row[0]})")
         return str(row[1])
 
+    def by_id(self, action_id: int) -> ActionRecord | None:
+        """One row with its steps; None if there is none."""
+        found = self._select("id = ?", [action_id], "id DESC", 1, True)
+        return found[0] if found else None
+
     def unfinished(self) -> list[ActionRecord]:
         """Actions begun and never finished (still running, or the watchdog died), oldest first."""
         return self._select("outcome = 'running'", [], "id ASC", None, True)

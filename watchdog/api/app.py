@@ -37,6 +37,7 @@ from .control import (
     gateway_unreachable,
 )
 from .inbound import BadRequest
+from .incidents import incident_routes
 from .jsonbodies import JSONAnswer
 from .prometheus import MAX_BODY as MAX_QUERY_BODY
 from .prometheus import READ_POSTS, QueryOptions, query_routes
@@ -175,5 +176,6 @@ def build_app(options: ApiOptions) -> Starlette:
             Route("/api/v1/rules", rules),
             Route("/-/reload", do_reload, methods=["POST"]),
             *control_routes(options.remediator, options.gateway, options.clock, redactor),
+            *incident_routes(options.remediator, answer),
         ],
     )

@@ -40,7 +40,9 @@ def _store() -> SampleStore:
 def test_the_target_and_its_gpus_series_import_into_promtool(tmp_path: Path) -> None:
     series, cut = openmetrics.target_series(_store(), "vllm-0", [1], T0 - 1, T0 + 59_000)
     assert not cut
-    names = sorted({(s.name, dict(s.labels).get("target", ""), dict(s.labels).get("gpu", "")) for s in series})
+    names = sorted(
+        {(s.name, dict(s.labels).get("target", ""), dict(s.labels).get("gpu", "")) for s in series}
+    )
     assert names == [
         ("DCGM_FI_DEV_GPU_TEMP", "", "1"),
         ("vllm:kv_cache_usage_perc", "vllm-0", ""),
@@ -55,7 +57,7 @@ def test_the_target_and_its_gpus_series_import_into_promtool(tmp_path: Path) -> 
     assert any(line.endswith(" NaN 1700000000.000") for line in lines)
     assert any(line.endswith(" +Inf 1700000001.000") for line in lines)
     assert not any("1700000002.000" in line and "kv_cache" in line for line in lines)  # the stale marker
-    assert f"url=\"http://u:{MASK}@h/\"" in text.decode()
+    assert f'url="http://u:{MASK}@h/"' in text.decode()
     out = promtool_import(text, tmp_path / "import")
     assert "NUM SAMPLES" in out and " 183 " in out  # 60 x 3 series, NaN, +Inf and the one secret sample
 
@@ -116,14 +118,16 @@ async def test_the_driver_lines_of_the_kernel_log_are_kept_bounded(tmp_path: Pat
     dmesg = tmp_path / "dmesg"
     dmesg.write_text(
         "#!/bin/sh\nfor i in $(seq 1 500); do\n"
-        "  echo \"[ $i.0] NVRM: Xid (PCI:0000:00:06): 79, pid=$i, GPU has fallen off the bus.\"\n"
-        "  echo \"[ $i.1] eth0: link up\"\ndone\n"
+        '  echo "[ $i.0] NVRM: Xid (PCI:0000:00:06): 79, pid=$i, GPU has fallen off the bus."\n'
+        '  echo "[ $i.1] eth0: link up"\ndone\n'
     )
     dmesg.chmod(0o755)
     lines = await gpu.driver_lines([str(dmesg)], last=3)
     assert [line.split("pid=")[1].split(",")[0] for line in lines] == ["498", "499", "500"]
     refused = tmp_path / "refused"
-    refused.write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
+    refused.write_text(
+        "#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n"
+    )
     refused.chmod(0o755)
     with pytest.raises(RuntimeError, match="Operation not permitted"):
         await gpu.driver_lines([str(refused)])

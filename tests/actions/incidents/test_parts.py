@@ -50,7 +50,11 @@ async def test_a_part_past_its_timeout_stops_and_the_rest_go_on_until_the_budget
         slow_done.set()
         return Found({"slow.txt": b"x"})
 
-    parts = [Part("short", lambda: hangs("short"), 1), Part("slow", slow, 5), Part("long", lambda: hangs("long"), 9)]
+    parts = [
+        Part("short", lambda: hangs("short"), 1),
+        Part("slow", slow, 5),
+        Part("long", lambda: hangs("long"), 9),
+    ]
     run = asyncio.ensure_future(Collection(clock.sleep, clock.monotonic).run(parts, 4))
     await clock.advance(0)
     assert not run.done()

@@ -4,6 +4,7 @@ its Python stacks through the real py-spy, the vLLM version from a (fake) /proc,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,9 @@ from vllm_watchdog.actions.incidents import bounded, procs, stacks
 pytestmark = pytest.mark.anyio
 BUSY = "import time\ndef busy_loop():\n    while True:\n        sum(range(1000))\nbusy_loop()\n"
 # A parent whose child runs the busy loop: the shape of vLLM's API server and its EngineCore.
-PARENT = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {BUSY!r}])\ntime.sleep(600)\n"
+PARENT = (
+    f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {BUSY!r}])\ntime.sleep(600)\n"
+)
 
 
 def _wait_for_child(pid: int) -> int:
@@ -31,6 +34,19 @@ def _wait_for_child(pid: int) -> int:
             return tree[1]
         time.sleep(0.05)
     raise AssertionError(f"no child under {pid}: {procs.process_tree(pid)}")
+
+
+def _child_with(arg: bytes) -> int | None:
+    """A child of this test process with `arg` on its command line."""
+    for pid in procs.process_tree(os.getpid())[1:]:
+        with contextlib.suppress(OSError):  # one that exits meanwhile
+            if arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                return pid
+    return None
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
 
 
 @pytest.fixture
@@ -82,14 +98,14 @@ async def test_py_spy_reads_the_frames_of_a_stopped_process_and_names_what_it_ca
         "frames",
     }
     assert {f["name"] for t in await stacks.dump(py_spy, parent) for f in t["frames"]} >= {"<module>"}
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper = await asyncio.create_subprocess_exec("sleep", "30")
     try:
         with pytest.raises(stacks.StackError) as err:  # not a Python process: py-spy's own reason
             await stacks.dump(py_spy, sleeper.pid)
         assert "python" in str(err.value).lower() and "Stack backtrace" not in str(err.value)
     finally:
         sleeper.kill()
-        sleeper.wait()
+        await sleeper.wait()
     with pytest.raises(stacks.StackError, match="cannot run"):
         await stacks.dump("/nonexistent/py-spy", child)
 
@@ -142,22 +158,25 @@ def test_the_vllm_version_comes_from_the_package_the_process_has_mapped(tmp_path
     assert procs.vllm_version(43, str(proc)) == ""
 
 
-async def test_commands_are_cut_at_their_bound_and_killed_when_cancelled(tmp_path: Path) -> None:
+async def test_commands_are_cut_at_their_bound_and_killed_when_cancelled() -> None:
     out = await bounded.run_command(["sh", "-c", "echo err >&2; yes | head -c 100000"], 1000)
     assert out.truncated and out.code is None and len(out.stdout) == 1000
     failed = await bounded.run_command(["sh", "-c", "echo first >&2; echo last words >&2; exit 3"], 1000)
     assert failed.problem("/bin/sh") == "sh exited 3: last words"
-    marker = tmp_path / "pid"
-    task = asyncio.ensure_future(bounded.run_command(["sh", "-c", f"echo $$ > {marker}; exec sleep 60"], 100))
-    while not marker.exists() or not marker.read_text().strip():
+    task = asyncio.ensure_future(bounded.run_command(["sleep", "61.5"], 100))
+    for _ in range(3000):
+        if (pid := _child_with(b"61.5")) is not None:
+            break
         await asyncio.sleep(0.01)
+    assert pid is not None
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    pid = int(marker.read_text())
-    assert not Path(f"/proc/{pid}").exists()  # killed and reaped before the cancellation completed
+    assert _child_with(b"61.5") is None and not _exists(pid)  # killed and reaped before the cancel returned
     lines, done = await bounded.matching_lines(
-        ["sh", "-c", "for i in 1 2 3 4 5 6; do echo NVRM: line $i; echo other; done"], lambda s: "NVRM" in s, 2
+        ["sh", "-c", "for i in 1 2 3 4 5 6; do echo NVRM: line $i; echo other; done"],
+        lambda s: "NVRM" in s,
+        2,
     )
     assert lines == ["NVRM: line 5", "NVRM: line 6"] and done.code == 0
 
