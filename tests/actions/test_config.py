@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.actions.config import DRAFT_FLAGS, Budget
+from vllm_watchdog.actions.config import DRAFT_FLAGS, Budget, IncidentConfig
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 
@@ -70,6 +70,29 @@ def test_defaults_per_type() -> None:
     assert cfg.actions["on"].cooldown == 0 and cfg.actions["on"].max_per_window is None
 
 
+def test_incidents_default_to_on_and_parse_into_typed_values() -> None:
+    assert parse_config("{}", "c.yml", env={}).incidents == IncidentConfig()
+    assert IncidentConfig().enabled and IncidentConfig().budget == 5.0
+    text = """incidents:
+  enabled: false
+  budget: 1500ms
+  keep: 3
+  max_bytes: 64MiB
+  log_lines: 0
+  metrics_window: 2m
+  py_spy: /opt/py-spy
+"""
+    assert parse_config(text, "c.yml", env={}).incidents == IncidentConfig(
+        enabled=False,
+        budget=1.5,
+        keep=3,
+        max_bytes=64 * 1024 * 1024,
+        log_lines=0,
+        metrics_window=120.0,
+        py_spy="/opt/py-spy",
+    )
+
+
 def test_modes_are_exclusive_and_typed() -> None:
     text = """
 targets:
@@ -118,6 +141,13 @@ targets:
         ("notifiers: [{type: webhook}]", "notifiers[0].url: is required"),
         ("notifiers: [{type: webhook, url: 'ftp://x'}]", "notifiers[0].url: must be an http(s) URL"),
         ("dry_run: maybe", "c.yml:1: dry_run: must be true or false"),
+        ("incidents: {budget: 0s}", "c.yml:1: incidents.budget: must be greater than 0 and at most 60s"),
+        ("incidents: {budget: 2m}", "incidents.budget: must be greater than 0 and at most 60s"),
+        ("incidents: {keep: 0}", "incidents.keep: must be >= 1"),
+        ("incidents: {max_bytes: 0B}", "incidents.max_bytes: must be greater than 0"),
+        ("incidents: {log_lines: 100000}", "incidents.log_lines: must be at most 10000"),
+        ("incidents: {locals: true}", "incidents.locals: unknown key"),
+        ("incidents: {enabled: sometimes}", "incidents.enabled: must be true or false"),
     ],
 )
 def test_bad_remediation_config_names_file_line_and_field(text: str, expected: str) -> None:
