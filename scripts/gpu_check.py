@@ -12,7 +12,11 @@ It opens NVML through `sources/nvml.py` exactly as the daemon does and checks, p
 - the XID event path: events registered, drained without error, and the `NVRM: Xid` lines the kernel log
   holds (what an incident bundle would keep);
 - the power-limit range through `actions/power.py`, and with --set-power-limit (root) a real change: the
-  limit lowered by --step watts, read back by NVML and by nvidia-smi, then restored (also on failure).
+  limit lowered by --step watts, read back by NVML and by nvidia-smi, then restored (also on failure);
+- the GPU part of an incident bundle as the watchdog collects it before a restart: the NVML snapshot of
+  `sources/nvmlsnapshot.py` (clocks and reasons, power, temperature, ECC, retired pages, remapped rows; a
+  field the GPU does not support is named, any other refusal fails the check), its volatile ECC counts
+  against nvidia-smi's, and the driver's kernel log lines read by `actions/incidents/gpu.py`.
 
 Prints a report and exits 0 when every check passed, 1 when one failed, 2 when NVML cannot be opened.
 """
@@ -20,7 +24,9 @@ Prints a report and exits 0 when every check passed, 1 when one failed, 2 when N
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -221,8 +227,59 @@ def power_report(limiter: Any, run: Runner, index: int, change: bool, step: floa
     return lines + ([] if ok else [f"FAIL: gpu {index}: the power limit did not read back as set"]), ok
 
 
+SMI_ECC = ("index", "ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total")
+SNAPSHOT_SHOWN = ("name", "pstate", "temperature_c", "power_w", "clocks_mhz", "clock_event_reasons", "ecc")
+SNAPSHOT_SHOWN += ("retired_pages", "remapped_rows")
+
+
+def incident_report(nvml: Any, run: Runner, dmesg: Sequence[str] = ("dmesg",)) -> tuple[list[str], bool]:
+    """The GPU evidence an incident bundle keeps, collected by the watchdog's own code, and checked."""
+    from vllm_watchdog.actions.incidents.gpu import XID_MARK, driver_lines  # noqa: PLC0415
+    from vllm_watchdog.sources.nvmlsnapshot import snapshot  # noqa: PLC0415
+
+    snap = snapshot(nvml)
+    if "gpus" not in snap:
+        return [f"FAIL: incident snapshot: {snap.get('error')}"], False
+    lines, ok = [f"incident snapshot: driver {snap.get('driver')}, {len(snap['gpus'])} GPU(s)"], True
+    try:
+        text = run(["nvidia-smi", f"--query-gpu={','.join(SMI_ECC)}", "--format=csv,noheader,nounits"])
+        smi = {int(r[0]): r[1:] for r in (line.split(", ") for line in text.strip().splitlines())}
+    except (RuntimeError, ValueError, IndexError) as exc:
+        smi = {}
+        lines.append(f"nvidia-smi gives no ECC counts to compare: {exc}")
+    for gpu in snap["gpus"]:
+        index, refused = gpu["index"], gpu.get("errors") or {}
+        shown = {key: gpu[key] for key in SNAPSHOT_SHOWN if key in gpu}
+        lines.append(f"gpu {index}: {json.dumps(shown, sort_keys=True)}")
+        lines.append(f"gpu {index}: not supported here: {', '.join(sorted(refused)) or 'nothing'}")
+        hard = {k: v for k, v in refused.items() if "Not Supported" not in v}
+        if hard:
+            lines.append(f"FAIL: gpu {index}: NVML refused {hard}")
+            ok = False
+        volatile = (gpu.get("ecc") or {}).get("volatile")
+        said = [smi_number(v) for v in smi.get(index, [])]
+        if volatile and len(said) == 2 and None not in said:
+            agrees = [volatile["corrected"], volatile["uncorrected"]] == said
+            verdict = "ok" if agrees else "DIFF"
+            lines.append(f"gpu {index}: ECC volatile {volatile} vs nvidia-smi {said}: {verdict}")
+            ok = ok and agrees
+    try:
+        kernel = asyncio.run(driver_lines(list(dmesg)))
+        xids = [line for line in kernel if XID_MARK in line]
+        lines.append(f"incident kernel lines: {len(kernel)} NVIDIA driver lines, {len(xids)} Xid")
+    except (OSError, RuntimeError) as exc:
+        lines.append(f"incident kernel lines not readable (recorded as such in a bundle): {exc}")
+    return lines, ok
+
+
 def check(
-    nvml: Any, run: Runner, rounds: int, change_power: bool, step: float, sleep: Callable[[float], None]
+    nvml: Any,
+    run: Runner,
+    rounds: int,
+    change_power: bool,
+    step: float,
+    sleep: Callable[[float], None],
+    dmesg: Sequence[str] = ("dmesg",),
 ) -> int:
     """The whole check, printed; the exit status."""
     from vllm_watchdog.actions.power import PowerLimiter  # noqa: PLC0415 - after load_package
@@ -241,6 +298,9 @@ def check(
     lines += reasons_report(samples) + xid_report(source, samples, run)
     lines.append(f"fields the driver refused (counted, not fatal): {source.field_errors}")
     source.close()
+    incident_lines, incident_ok = incident_report(nvml, run, dmesg)
+    lines += incident_lines
+    ok = ok and incident_ok
     limiter = PowerLimiter(nvml)
     try:
         for index in range(count):

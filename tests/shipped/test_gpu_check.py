@@ -33,7 +33,7 @@ gpu_check = load_script()
 
 
 def fake_smi(
-    nvml: FakeNvml, *, legacy: bool = False, skew_temp: int = 0, xid_lines: int = 0
+    nvml: FakeNvml, *, legacy: bool = False, skew_temp: int = 0, xid_lines: int = 0, ecc_skew: int = 0
 ) -> Callable[[Sequence[str]], str]:
     """What nvidia-smi would print for the fake GPUs (csv, no header, no units), and a dmesg."""
 
@@ -62,6 +62,8 @@ def fake_smi(
                 "clocks.sm": g.sm_clock_mhz,
                 "clocks_event_reasons.active": f"0x{g.clock_reasons:016x}",
                 "clocks_throttle_reasons.active": f"0x{g.clock_reasons:016x}",
+                "ecc.errors.corrected.volatile.total": g.ecc_volatile[0] + ecc_skew,
+                "ecc.errors.uncorrected.volatile.total": g.ecc_volatile[1],
             }
             rows.append(", ".join(str(values[f]) for f in query))
         return "\n".join(rows) + "\n"
@@ -80,6 +82,46 @@ def test_agreeing_readings_and_a_power_change_pass(capsys: pytest.CaptureFixture
     assert "kernel log: 2 'NVRM: Xid' lines, last: [ 1.0] NVRM: Xid (PCI:0000:00:06): 79" in out
     assert [g.power_limit_mw for g in nvml.gpus] == [700_000, 700_000]  # restored
     assert out.rstrip().endswith("PASS")
+
+
+def fake_dmesg(tmp_path: Path, lines: int) -> list[str]:
+    """A dmesg with `lines` Xid lines among others (what actions/incidents/gpu.py runs)."""
+    script = tmp_path / "dmesg"
+    xid = "[ 2.0] NVRM: Xid (PCI:0000:00:06): 79, GPU has fallen off the bus."
+    script.write_text(
+        "#!/bin/sh\necho '[ 1.0] NVRM: loading NVIDIA UNIX driver'\n" + f"echo '{xid}'\n" * lines
+    )
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_the_incident_snapshot_names_what_an_h200_does_not_support_and_checks_ecc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nvml = FakeNvml(gpus=2)
+    nvml.gpus[1].name, nvml.gpus[1].retired_pages, nvml.gpus[1].ecc_volatile = "NVIDIA H200", None, (4, 1)
+    smi = fake_smi(nvml)
+    assert gpu_check.check(nvml, smi, 1, False, 50.0, lambda _s: None, fake_dmesg(tmp_path, 2)) == 0
+    out = capsys.readouterr().out
+    assert "incident snapshot: driver 580.159.04, 2 GPU(s)" in out
+    assert "gpu 1: not supported here: retired_pages" in out and "gpu 0: not supported here: nothing" in out
+    assert "gpu 1: ECC volatile {'corrected': 4, 'uncorrected': 1} vs nvidia-smi [4.0, 1.0]: ok" in out
+    assert "incident kernel lines: 3 NVIDIA driver lines, 2 Xid" in out
+    assert out.rstrip().endswith("PASS")
+
+
+def test_an_incident_snapshot_that_disagrees_or_is_refused_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nvml = FakeNvml(gpus=1)
+    assert gpu_check.check(nvml, fake_smi(nvml, ecc_skew=1), 1, False, 50.0, lambda _s: None) == 1
+    assert "gpu 0: ECC volatile" in capsys.readouterr().out
+    nvml.fail("nvmlDeviceGetRemappedRows", nvml.NVMLError_NoPermission())
+    dmesg = [str(tmp_path / "no-dmesg")]
+    assert gpu_check.check(nvml, fake_smi(nvml), 1, False, 50.0, lambda _s: None, dmesg) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: gpu 0: NVML refused {'remapped_rows': 'Insufficient Permissions'}" in out
+    assert "incident kernel lines not readable (recorded as such in a bundle)" in out
 
 
 def test_a_reading_that_never_agrees_fails(capsys: pytest.CaptureFixture[str]) -> None:
