@@ -181,7 +181,9 @@ class ProcessRuntime:
         """The end of the file the child's output goes to (state_dir/vllm-<target>.log)."""
         path = self._log_path
         if path is None:
-            return LogTail("", problem="no log file: the child's output is not kept without a state_dir")
+            return LogTail(
+                "", problem="no log file: the child's output is not kept without a state_dir", absent=True
+            )
         try:
             data, cut = await asyncio.to_thread(read_tail, path, max_bytes)
         except OSError as exc:

@@ -107,6 +107,7 @@ class LogTail:
     source: str
     lines: tuple[str, ...] = ()
     problem: str = ""
+    absent: bool = False  # the problem is that there is no log to read here (no file, no journal)
 
 
 @runtime_checkable

@@ -134,7 +134,7 @@ class SystemdRuntime:
         source = f"journalctl -u {self.unit}"
         journalctl = shutil.which("journalctl")
         if journalctl is None:
-            return LogTail(source, problem="journalctl is not installed: no journal to read")
+            return LogTail(source, problem="journalctl is not installed: no journal to read", absent=True)
         argv = [journalctl, "--no-pager", "-o", "short-iso", "-n", str(lines), "-u", self.unit]
         try:
             out = await run_command(argv, max_bytes)

@@ -127,7 +127,7 @@ async def _log(src: Sources) -> Found:
         raise Absent("incidents.log_lines is 0")
     tail = await src.runtime.log_tail(src.log_lines, MAX_LOG_BYTES)
     if tail.problem and not tail.lines:
-        raise Absent(tail.problem)
+        raise Absent(tail.problem) if tail.absent else RuntimeError(tail.problem)
     lines = [_shown(line, src.redactor) for line in tail.lines]
     text = "".join(line + "\n" for line in lines)
     return Found({"log.txt": text.encode()}, {"source": tail.source, "lines": len(lines)})
