@@ -131,16 +131,17 @@ def _processes(facts: Any, stacks: Any, frames: int) -> list[str]:
         stack = p.get("kernel_stack") or []
         if isinstance(stack, list) and stack:
             out.append(f"    kernel: {' < '.join(str(s).split(' ', 1)[-1] for s in stack[:3])}")
-        out += _threads(threads_of.get(pid, {}), frames)
+        out += _threads(threads_of.get(pid, {}), pid, frames)
     return out
 
 
-def _threads(stacks: Mapping[str, Any], frames: int) -> list[str]:
+def _threads(stacks: Mapping[str, Any], pid: int, frames: int) -> list[str]:
     if "error" in stacks:
         return [f"    no Python stacks: {stacks['error']}"]
     out, quiet = [], 0
-    threads = stacks.get("threads")
-    for thread in threads if isinstance(threads, list) else []:
+    found = stacks.get("threads")
+    threads = [t for t in found if isinstance(t, dict)] if isinstance(found, list) else []
+    for thread in sorted(threads, key=lambda t: t.get("os_thread_id") != pid):  # the main thread first
         shown = [f for f in thread.get("frames") or [] if isinstance(f, dict)][:frames]
         if not shown:
             quiet += 1
