@@ -90,6 +90,19 @@ def test_check_passes_on_the_embedded_defaults(docker_client: Any, image: str) -
     assert "site-packages/vllm_watchdog/rules/vllm.rules.yml: OK" in out
 
 
+def test_py_spy_is_in_the_image(docker_client: Any, image: str) -> None:
+    """Incident bundles read vLLM's Python stacks with py-spy, installed in the venv beside the watchdog."""
+    out = docker_client.containers.run(
+        image,
+        ["--version"],
+        entrypoint=["/opt/vllm-watchdog/bin/py-spy"],
+        remove=True,
+        network_mode="host",
+        labels=session_labels(),
+    ).decode()
+    assert out.startswith("py-spy "), out
+
+
 def test_image_is_small_non_root_and_mounts_no_docker_socket(docker_client: Any, image: str) -> None:
     """Runs as the fixed non-root user, declares the state volume and the health check, holds no socket."""
     cfg = docker_client.images.get(image).attrs["Config"]
