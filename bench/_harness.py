@@ -25,16 +25,18 @@ RULES = f"""groups:
 """
 _GAUGE = r"^vllm:num_requests_{}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
 WAITING, RUNNING = (re.compile(_GAUGE.format(k), re.M) for k in ("waiting", "running"))
-# A stand-in for systemctl: the unit has been active for an hour; anything but a query is logged and refused.
+# A stand-in for systemctl: the unit (the bench's vLLM, its main process) has been active for an hour; `stop`
+# and `start` are logged and do nothing (vLLM keeps serving); anything else is logged and refused.
 SYSTEMCTL_STUB = """#!/bin/sh
 echo "$*" >> "{log}"
 case "$1" in
   is-active) echo active ;;
+  stop|start) ;;
   show)
     since=$(date -d @$(( $(date +%s) - 3600 )) '+%a %Y-%m-%d %H:%M:%S UTC' -u)
     mono=$(awk '{{printf "%d", ($1 > 3600 ? $1 - 3600 : 1) * 1000000}}' /proc/uptime)
     echo "Id=vllm-bench.service"; echo "Names=vllm-bench.service"; echo "LoadState=loaded"
-    echo "ActiveState=active"; echo "SubState=running"; echo "MainPID=1"
+    echo "ActiveState=active"; echo "SubState=running"; echo "MainPID={pid}"
     echo "ActiveEnterTimestamp=$since"; echo "ExecMainStartTimestamp=$since"
     echo "ActiveEnterTimestampMonotonic=$mono"; echo "ExecMainStartTimestampMonotonic=$mono" ;;
   *) echo "bench stub: refusing systemctl $*" >&2; exit 1 ;;
@@ -106,14 +108,23 @@ def alertmanager_config(webhook: str, tight: bool) -> str:
     return json.dumps({"route": route, "receivers": receivers}, indent=1) + "\n"
 
 
-def write_watchdog(tmp: Path, port: int, vllm_url: str) -> tuple[Path, Path]:
-    """Config, rules and systemctl stub: 1 s scrape and evaluation, the rule routed to a dry-run restart
-    of a systemd-mode target. Returns the config path and the stub's."""
+def write_watchdog(
+    tmp: Path, port: int, vllm_url: str, vllm_pid: int, incident_budget: float | None
+) -> tuple[Path, Path]:
+    """Config, rules and systemctl stub: 1 s scrape and evaluation, the rule routed to a restart of a
+    systemd-mode target whose unit is the stub (so vLLM is never stopped) and whose main process is the real
+    vLLM; rails that let every flood act; an incident collected with `incident_budget`, or none (None).
+    Returns the config path and the stub's."""
     rules, stub = tmp / "queue.rules.yml", tmp / "systemctl"
     rules.write_text(RULES)
-    stub.write_text(SYSTEMCTL_STUB.format(log=tmp / "systemctl.calls"))
+    stub.write_text(SYSTEMCTL_STUB.format(log=tmp / "systemctl.calls", pid=vllm_pid))
     stub.chmod(0o755)
     target = {"name": "vllm-0", "url": vllm_url, "canary": False, "unit": "vllm-bench.service"}
+    restart = {"type": "restart", "startup_grace": "0s", "cooldown": "0s", "drain_timeout": "0s"}
+    restart |= {"max_per_window": None, "crash_loop_window": "0s", "ready_timeout": "60s"}
+    incidents = (
+        {"enabled": False} if incident_budget is None else {"budget": f"{incident_budget * 1000:.0f}ms"}
+    )
     cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "listen": f"127.0.0.1:{port}",
@@ -121,8 +132,8 @@ def write_watchdog(tmp: Path, port: int, vllm_url: str) -> tuple[Path, Path]:
         "targets": [target],
         "rule_files": [str(rules)],
         "routes": [{"match": {"alertname": "QueueBacklog"}, "actions": ["restart"]}],
-        "actions": {"restart": {"type": "restart", "dry_run": True, "startup_grace": "0s"}},
-        "dry_run": True,
+        "actions": {"restart": restart},
+        "incidents": incidents,
     }
     path = tmp / "watchdog.yml"
     path.write_text(json.dumps(cfg, indent=1) + "\n")

@@ -1,16 +1,19 @@
-"""Benchmark: from a real vLLM queue forming to the watchdog's action, vs. Prometheus + Alertmanager.
+"""Benchmark: from a real vLLM queue forming to the watchdog's action, vs. Prometheus + Alertmanager; and
+what collecting an incident bundle adds before the action stops the server.
 
 Usage: .venv/bin/python bench/detect_to_act.py [--floods 5] [--quick] [--bound 30] [--default-bound 160]
+           [--incident-budget 5]
 
 Starts one real CPU vLLM with `--max-num-seqs 1` (one sequence runs, the rest wait) and floods it with
 8 completions kept in flight (ignore_eos). The rule is `vllm:num_requests_waiting > 2`, `for: 0s`. With
 one running, the 4th request sent is the moment the queue crosses the threshold ("crossing"). Measured
 from that moment, per flood:
   - vLLM's own lag: until its /metrics shows waiting > 2 (polled every 50 ms, 0.5 s timeout);
-  - vllm-watchdog in-process (scrape and evaluation every 1 s) routing the alert to a `restart` action
-    with `dry_run: true` on a systemd-mode target: until the audit-log row (GET /api/v1/actions,
-    outcome "would_do") says the action started. The target's `systemctl` is a stub script that only
-    answers `show`/`is-active` (systemd is not PID 1 here); the bench counts any other call;
+  - vllm-watchdog in-process (scrape and evaluation every 1 s) routing the alert to a `restart` action on a
+    systemd-mode target: until the audit-log row (GET /api/v1/actions) says the action started. The
+    target's `systemctl` is a stub script (systemd is not PID 1 here): it answers `show`/`is-active`, names
+    the real vLLM as the unit's main process, and takes `stop`/`start` without doing anything, so vLLM keeps
+    serving; the bench counts its calls;
   - Prometheus 2.42 scraping vLLM directly + Alertmanager 0.25 with a webhook to this script, at their
     tightest settings (scrape/eval 1 s, group_wait 0s, group_interval 1s): until the webhook arrives;
   - flood 1 only, unless --quick: the same at their defaults (scrape 1m, eval 1m, group_wait 30s),
@@ -18,6 +21,12 @@ from that moment, per flood:
 Between floods the requests are cancelled (vLLM aborts them), the queue drains and every alert resolves;
 each flood starts at a random phase of the 1 s intervals. Prints min/median/max and ratios, with the goal
 (flood start to action <= 1.0 s) as informational PASS/MISS. Every load is bounded in time and count.
+
+The floods then run again with incident bundles on (`incidents.budget`: --incident-budget): the watchdog
+collects the flooded vLLM's stacks (py-spy), /proc facts, metrics and log before the stop. Printed side by
+side: from the alert becoming active to the restart's `stop` step, with collection off (the first floods)
+and on, and how long the collection took (each bundle's manifest). The goal, informational: the median
+grows by at most the budget.
 """
 
 from __future__ import annotations
@@ -66,6 +75,10 @@ class Flood:
     seen: float | None = None
     action: float | None = None
     alert_active: float | None = None
+    stop: float | None = None  # the restart's `stop` step: its first disruptive one
+    incident: str = ""
+    collection: float | None = None  # seconds, from the incident's manifest
+    parts: dict[str, str] = field(default_factory=dict)
     delivered: dict[str, float | None] = field(default_factory=dict)
     prom_active: dict[str, float | None] = field(default_factory=dict)  # Prometheus' activeAt
     other_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -87,11 +100,17 @@ async def _request(
 async def _watchdog_action(client: httpx.AsyncClient, base: str, flood: Flood) -> None:
     history = (await client.get(base + "/api/v1/actions", timeout=2)).json()["data"]["history"]
     rows = [r for r in history if r["started_at"] >= flood.first_sent]
-    done = [r["started_at"] for r in rows if r["outcome"] == "would_do" and r["action"] == "restart"]
-    flood.other_rows = [r for r in rows if r["outcome"] != "would_do"]
-    if done:
-        flood.action = min(done)
+    acted = [r for r in rows if r["action"] == "restart" and r["outcome"] not in ("skipped", "refused")]
+    flood.other_rows = [r for r in rows if r not in acted]
+    if not acted:
+        return
+    first = min(acted, key=lambda r: r["started_at"])
+    if flood.action is None:
+        flood.action = first["started_at"]
         flood.alert_active = await active_at(client, base)
+    stops = [s["at"] for s in first["steps"] if s["step"] == "stop"]
+    flood.stop = stops[0] if stops else None
+    flood.incident = str(first["details"].get("incident", ""))
 
 
 async def flood_once(
@@ -120,14 +139,14 @@ async def flood_once(
                 depth = await queue_depth(probe, vllm_url)
                 if depth is not None and depth[0] > THRESHOLD:
                     flood.seen = time.time()
-            if flood.action is None and tick % 2 == 0:
+            if (flood.action is None or flood.stop is None) and tick % 2 == 0:
                 await _watchdog_action(probe, base, flood)
             for s in live:
                 if flood.delivered.get(s.name) is None:
                     flood.delivered[s.name] = receiver.first(s.path, "firing", flood.first_sent)
                     if flood.delivered[s.name] is not None:
                         flood.prom_active[s.name] = await active_at(probe, s.prom.url)
-            if flood.seen and flood.action and all(flood.delivered.get(s.name) for s in live):
+            if flood.seen and flood.stop and all(flood.delivered.get(s.name) for s in live):
                 break
             tick += 1
             await asyncio.sleep(0.05)
@@ -179,15 +198,31 @@ async def drain(
 
 
 # -- the run --------------------------------------------------------------------------------------
+async def _collection(client: httpx.AsyncClient, base: str, flood: Flood) -> None:
+    """How long the flood's incident took to collect, and how each part ended (from its manifest)."""
+    if not flood.incident:
+        return
+    shown = (await client.get(f"{base}/api/v1/incidents/{flood.incident}", timeout=10)).json()["data"]
+    flood.collection = float(shown["manifest"]["collection_seconds"])
+    flood.parts = {p["name"]: p["status"] for p in shown["manifest"]["parts"]}
+
+
 async def measure(
-    args: argparse.Namespace, tmp: Path, vllm_url: str, receiver: Receiver, scenarios: list[Scenario]
+    args: argparse.Namespace,
+    tmp: Path,
+    vllm: Any,
+    receiver: Receiver,
+    scenarios: list[Scenario],
+    incident_budget: float | None,
 ) -> list[Flood]:
-    """Run the watchdog in-process and flood vLLM `args.floods` times."""
+    """Run the watchdog in-process (incident bundles with `incident_budget`, None: off) and flood vLLM
+    `args.floods` times."""
     from tests.support.vllm_server import free_port
     from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
     port = free_port()
-    config, stub = write_watchdog(tmp, port, vllm_url)
+    vllm_url = vllm.url
+    config, stub = write_watchdog(tmp, port, vllm_url, vllm.proc.pid, incident_budget)
     daemon = Daemon.load(DaemonOptions(str(config), env={}, systemctl=(str(stub),)))
     ready = asyncio.Event()
     task = asyncio.create_task(daemon.run(ready))
@@ -206,6 +241,7 @@ async def measure(
             for i in range(args.floods):
                 await asyncio.sleep(random.uniform(0.0, 1.0))  # a random phase of the 1 s intervals
                 flood = await flood_once((load, probe), vllm_url, base, receiver, scenarios, task)
+                await _collection(probe, base, flood)
                 floods.append(flood)
                 print(f"flood {i + 1}: {_flood_line(flood, scenarios)}", flush=True)
                 for s in scenarios:
@@ -224,6 +260,12 @@ def _ms(t: float | None, since: float) -> str:
 
 def _flood_line(f: Flood, scenarios: list[Scenario]) -> str:
     parts = [f"vLLM /metrics {_ms(f.seen, f.crossed)}", f"watchdog action {_ms(f.action, f.crossed)}"]
+    if f.alert_active is not None:
+        parts.append(f"alert -> stop {_ms(f.stop, f.alert_active)}")
+    if f.collection is not None:
+        parts.append(
+            f"collection {f.collection * 1000:.0f} ms ({', '.join(f'{k} {v}' for k, v in f.parts.items())})"
+        )
     parts += [
         f"{s.name} {_ms(f.delivered.get(s.name), f.crossed)}" for s in scenarios if s.name in f.delivered
     ]
@@ -299,8 +341,9 @@ def report(floods: list[Flood], scenarios: list[Scenario], tmp: Path) -> None:
         print(f"  {s.name:<8} {ratio}")
     log = tmp / "systemctl.calls"
     calls = [c for c in log.read_text().split("\n") if c] if log.exists() else []
-    acting = [c for c in calls if not c.startswith(("show", "is-active"))]
-    print(f"\nsystemctl stub: {len(calls)} calls, {len(acting)} that would act (want 0: dry run)")
+    stops = [c for c in calls if c.startswith("stop")]
+    others = [c for c in calls if not c.startswith(("show", "is-active", "stop", "start"))]
+    print(f"\nsystemctl stub: {len(calls)} calls, {len(stops)} stops (no-ops), {len(others)} others (want 0)")
     print("\ngoal (informational):")
     if not from_start:
         print(_goal("flood start -> action <= 1.0 s", "no action", False))
@@ -314,6 +357,33 @@ def report(floods: list[Flood], scenarios: list[Scenario], tmp: Path) -> None:
     )
 
 
+def incident_report(off: list[Flood], on: list[Flood], budget: float) -> None:
+    """Alert active -> the restart's stop step, collection off and on, and the collection's own time."""
+    before = _since(off, lambda f: f.stop, "alert_active")
+    after = _since(on, lambda f: f.stop, "alert_active")
+    took = [f.collection for f in on if f.collection is not None]
+    print("\nalert active -> restart's stop step (route, rails, audit, drain 0 s, then the evidence):")
+    print(f"  {'incident bundles off':<58}{_stats(before)}")
+    print(f"  {f'incident bundles on, budget {budget:g} s':<58}{_stats(after)}")
+    print(f"  {'collection itself (bundle manifests)':<58}{_stats(took)}")
+    statuses: dict[str, dict[str, int]] = {}
+    for f in on:
+        for name, status in f.parts.items():
+            statuses.setdefault(name, {}).setdefault(status, 0)
+            statuses[name][status] += 1
+    print(
+        "  parts: "
+        + "; ".join(f"{n} {', '.join(f'{s} {c}' for s, c in v.items())}" for n, v in statuses.items())
+    )
+    if not before or not after:
+        print(_goal("alert -> stop grows by <= the budget", "no data", False))
+        return
+    grown = statistics.median(after) - statistics.median(before)
+    worst = max(after) - max(before)
+    print(_goal(f"median growth <= budget ({budget:g} s)", f"{grown:+.3f} s", grown <= budget))
+    print(_goal(f"worst growth <= budget ({budget:g} s)", f"{worst:+.3f} s", worst <= budget))
+
+
 def main() -> int:
     """Start vLLM, the Prometheus/Alertmanager pairs and the receiver; flood; report; clean up."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -321,6 +391,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip Prometheus/Alertmanager at default intervals")
     ap.add_argument("--bound", type=float, default=30.0, help="longest wait per flood, tight settings (s)")
     ap.add_argument("--default-bound", type=float, default=160.0, help="longest wait, default intervals (s)")
+    ap.add_argument(
+        "--incident-budget",
+        type=float,
+        default=5.0,
+        help="incidents.budget for the second round of floods (s)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))  # the real-server harnesses the tests use
     from tests.support.vllm_server import VllmServer, free_port
@@ -350,8 +426,12 @@ def main() -> int:
                 scenarios.append(
                     start_scenario("default", tmp, vllm.port, receiver, False, args.default_bound)
                 )
-            floods = asyncio.run(measure(args, tmp, vllm.url, receiver, scenarios))
+            print("floods with incident bundles off:", flush=True)
+            floods = asyncio.run(measure(args, tmp, vllm, receiver, scenarios, None))
+            print(f"floods with incident bundles on (budget {args.incident_budget:g} s):", flush=True)
+            collected = asyncio.run(measure(args, tmp, vllm, receiver, scenarios, args.incident_budget))
             report(floods, scenarios, tmp)
+            incident_report(floods, collected, args.incident_budget)
         except Exception:
             log = tmp / "watchdog.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
