@@ -1,5 +1,7 @@
 """Chaos on the engine: a hung vLLM engine (SIGSTOP) and a dead one (SIGKILL) on a real vLLM the watchdog
-launches itself, and a server that dies again after each restart (a crash loop) in Docker mode.
+launches itself, and a server that dies again after each restart (a crash loop) in Docker mode. Each restart
+leaves an incident bundle (on by default with a state_dir): the hung engine's holds both processes' Python
+stacks, the EngineCore's busy loop among them, the log tail and metrics that promtool imports.
 
 The watchdog runs the bundled routes and actions (`include: bundled:watchdog.yml`) and bundled alerts copied
 from rules/vllm.rules.yml with their windows scaled down as deploy/demo/rules.yml does (same expressions;
@@ -28,6 +30,7 @@ import yaml
 from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
+from tests.support.incidents import bundle, manifest, part_status, promtool_import, stack_functions
 from tests.support.stub_server import StubContainers
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import (
@@ -181,6 +184,18 @@ notifiers:
     assert second_server != first_server
     resp = httpx.post(f"http://127.0.0.1:{gport}/v1/completions", json=BODY, timeout=120)
     assert resp.status_code == 200, resp.text
+    # The evidence, collected before the stop: the frozen EngineCore in its busy loop, the API server too.
+    files = bundle(tmp_path / "state", restart["details"]["incident"])
+    stacks = stack_functions(files)
+    assert "run_busy_loop" in stacks[engine] and stacks[first_server], (part_status(files), stacks)
+    processes = {p["pid"]: p for p in json.loads(files["processes.json"])}
+    assert processes[engine]["state"].startswith("T") and processes[engine]["wchan"] == "do_signal_stop"
+    assert "INFO" in files["log.txt"].decode()  # vLLM's own log lines
+    promtool_import(files["metrics.om"], tmp_path / "promtool")
+    assert manifest(files)["vllm"]["version"] and "--max-num-seqs" in manifest(files)["vllm"]["command"]
+    hook = [json.loads(b) for _, path, b in list(fault.requests) if path == "/hook"]
+    started = [b for b in hook if b.get("type") == "action" and b["event"]["outcome"] == "started"]
+    assert started[0]["commonAnnotations"] == {"incident": restart["details"]["incident"]}
     print(
         f"\n[hang] VLLMEngineHung after {seen['VLLMEngineHung']:.1f}s, VLLMEngineStalled after "
         f"{seen['VLLMEngineStalled']:.1f}s, restarted by {restart['labels']['alertname']}, serving again "
@@ -211,6 +226,9 @@ notifiers:
     assert resp.status_code == 200, resp.text
     (third_server,) = api_servers(vport)
     assert third_server != second_server
+    # The respawn's incident: no process left to read, but the log says how the server died.
+    died = bundle(tmp_path / "state", respawn["details"]["incident"])
+    assert part_status(died)["stacks"] == "absent" and part_status(died)["log"] == "ok"
     print(
         f"[death] respawned (exit code {respawn['labels'].get('exit_code')}), serving again "
         f"{time.monotonic() - died_at:.1f}s after the SIGKILL"

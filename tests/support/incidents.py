@@ -27,11 +27,13 @@ def manifest(files: dict[str, bytes]) -> dict[str, Any]:
 
 
 def stack_functions(files: dict[str, bytes]) -> dict[int, set[str]]:
-    """The function names in each process's stacks, by pid (processes py-spy could not read are left out)."""
+    """The function names in each process's stacks, by pid, each as py-spy names it (`Class.method`) and bare
+    (`method`); processes py-spy could not read are left out."""
     out: dict[int, set[str]] = {}
     for entry in json.loads(files["stacks.json"]):
         if "threads" in entry:
-            out[entry["pid"]] = {f["name"] for t in entry["threads"] for f in t["frames"]}
+            names = {f["name"] for t in entry["threads"] for f in t["frames"]}
+            out[entry["pid"]] = names | {name.rpartition(".")[2] for name in names}
     return out
 
 
