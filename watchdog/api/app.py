@@ -1,5 +1,6 @@
 """The own HTTP API on `listen`: /metrics, /healthz, Prometheus' read API (targets, series, query,
-query_range, buildinfo, /-/healthy, /-/ready), the store's raw samples, and token-guarded control.
+query_range, buildinfo, /-/healthy, /-/ready), the store's raw samples, the incident bundles, and
+token-guarded control.
 
 Everything it shows passes through the live config's `Redactor` (secret values and shapes masked); everything
 that changes state goes through `ControlGuard` (bearer token, bounded bodies).
