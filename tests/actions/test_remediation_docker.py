@@ -1,6 +1,8 @@
 """Docker mode end to end, through a running watchdog, on one real vLLM container with ngram speculation:
-graceful restart on an alert, a flapping alert inside the cooldown, a rule on the draft acceptance rate
-that disables the draft, a forced failure that rolls back, and enable_draft putting the exact spec back.
+graceful restart on an alert (the container's EngineCore SIGSTOPped first: its incident bundle holds the
+Python stacks of both processes, read from the host, the `docker logs` tail and importable metrics), a
+flapping alert inside the cooldown, a rule on the draft acceptance rate that disables the draft, a forced
+failure that rolls back, and enable_draft putting the exact spec back.
 
 Each step that starts vLLM costs a real start (45-110 s on 2 cores), so the restart budget is left to the
 stub containers of tests/chaos/test_engine.py (a crash loop in Docker mode stopped at the budget, with its
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,9 @@ from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import VllmRuntime, remove_container, unique_name, wait_http
 from tests.support.faultserver import FaultServer
+from tests.support.incidents import bundle, part_status, promtool_import, stack_functions
 from tests.support.vllm_server import free_port
+from vllm_watchdog.actions.incidents.procs import cmdline, process_tree
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
@@ -60,6 +66,14 @@ notifiers:
   - {{type: webhook, url: "{hook}"}}
 """,
     )
+
+
+def _engine_core(client: Any, name: str) -> tuple[int, int]:
+    """(API server, EngineCore) of the container, as host pids (its first process is docker-init)."""
+    tree = process_tree(int(client.containers.get(name).attrs["State"]["Pid"]))
+    (server,) = [p for p in tree if cmdline(p)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]]
+    (engine,) = [p for p in tree if cmdline(p)[:1] == ["VLLM::EngineCore"]]
+    return server, engine
 
 
 @pytest.fixture
@@ -134,11 +148,17 @@ def _state(client: Any, name: str) -> dict[str, Any]:
     return dict(client.containers.get(name).attrs)
 
 
-async def test_restart_cooldown_draft_rollback(stack: tuple[str, str, int, Any], fault: FaultServer) -> None:
+async def test_restart_cooldown_draft_rollback(
+    stack: tuple[str, str, int, Any], fault: FaultServer, tmp_path: Path
+) -> None:
     base, name, vport, client = stack
     original = _state(client, name)
     async with httpx.AsyncClient(timeout=30) as c:
-        # 1. An alert restarts the container gracefully; it serves again.
+        # 1. The engine hangs (its EngineCore SIGSTOPped); an alert restarts the container gracefully, after
+        #    collecting the evidence from the host; it serves again.
+        await wait_for(c, base + "/api/v1/targets", lambda j: targets(j)[0]["up"], 60)  # series in the store
+        server, engine = _engine_core(client, name)
+        os.kill(engine, signal.SIGSTOP)
         await _alert(c, base, "VLLMEngineHung")
         (restart,) = await _settled(c, base, "restart", 1)
         assert restart["outcome"] == "succeeded", restart
@@ -146,6 +166,11 @@ async def test_restart_cooldown_draft_rollback(stack: tuple[str, str, int, Any],
         after = _state(client, name)
         assert after["Id"] == original["Id"] and after["State"]["StartedAt"] != original["State"]["StartedAt"]
         await _complete(vport)
+        files = bundle(tmp_path / "state", restart["details"]["incident"])
+        stacks = stack_functions(files)
+        assert "run_busy_loop" in stacks[engine] and stacks[server], (part_status(files), stacks)
+        assert "INFO" in files["log.txt"].decode()  # docker logs of the container
+        promtool_import(files["metrics.om"], tmp_path / "promtool")
 
         # 2. The alert flaps inside the cooldown: no second restart.
         await _alert(c, base, "VLLMEngineHung")
