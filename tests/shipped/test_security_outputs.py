@@ -1,7 +1,8 @@
 """What a real watchdog writes and serves, grepped after a gateway run in front of the shared real vLLM: no
 prompt or completion text, no client API key, and none of the configured secrets (token, notifier header,
 canary key, URL password, a relaunched command line's --api-key, a secret env value, a notifier's basic_auth
-password), at debug log level.
+password), at debug log level. The relaunch's incident bundle is unpacked and grepped with the rest, and
+served by GET /api/v1/incidents: it too holds none of them.
 Session names are expected to show (they are labels by design): they prove the grep reaches the data."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Callable
@@ -81,6 +83,7 @@ READS = (
     "/api/v1/query?query=" + '{__name__=~"vllm_watchdog_gateway.*|vllm:.*"}',
     "/api/v1/series?match[]=" + '{__name__=~"vllm_watchdog_gateway.*|vllm:.*"}',
     "/api/v1/label/session/values",
+    "/api/v1/incidents",
 )
 
 
@@ -184,7 +187,16 @@ def _traffic(gateway: str) -> list[str]:
 
 
 def _state_files(state: Path) -> dict[str, bytes]:
-    return {f"state_dir/{p.name}": p.read_bytes() for p in sorted(state.rglob("*")) if p.is_file()}
+    """Every file of the state_dir, and every file of each incident bundle unpacked (as `incident/<id>/<name>`:
+    what the bundles hold is shown to people, and is grepped as the API's answers are)."""
+    out = {f"state_dir/{p.name}": p.read_bytes() for p in sorted(state.rglob("*")) if p.is_file()}
+    for bundle in sorted(state.glob("incidents/*.tar.gz")):
+        with tarfile.open(bundle) as tar:
+            for member in tar.getmembers():
+                data = tar.extractfile(member) if member.isfile() else None
+                if data is not None:
+                    out[f"incident/{member.name}"] = data.read()
+    return out
 
 
 def _reads(api: str) -> dict[str, bytes]:
@@ -193,6 +205,9 @@ def _reads(api: str) -> dict[str, bytes]:
         r = httpx.get(api + path, timeout=30)
         assert r.status_code == 200, (path, r.text[:300])
         out[path] = r.content
+    for incident in json.loads(out["/api/v1/incidents"])["data"]["incidents"]:
+        path = f"/api/v1/incidents/{incident['id']}"
+        out[path] = httpx.get(api + path, timeout=30).content
     return out
 
 
@@ -256,6 +271,10 @@ def test_no_prompt_completion_or_secret_in_logs_metrics_api_audit_or_queue(
     assert {"/metrics", "/api/v1/gateway", "/api/v1/actions"} <= shown, shown
     assert any(where.startswith("state_dir/notifications") for where in shown), shown
     assert any(where.startswith("state_dir/actions") for where in shown), shown
+    # The relaunch left an incident with its evidence: the fake server's stacks, its (masked) command line.
+    bundled = {k.rsplit("/", 1)[1] for k in outputs if k.startswith("incident/")}
+    assert {"manifest.json", "processes.json", "stacks.json"} <= bundled, sorted(outputs)
+    assert any(k.startswith("/api/v1/incidents/") for k in outputs), sorted(outputs)
 
     # Secrets: not in the log nor in anything the API serves (the state directory keeps the launch spec, by
     # design: docs/security.md).
