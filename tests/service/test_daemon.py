@@ -142,7 +142,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
     line = len(good.splitlines()) + 1
     assert not ok and problems == [
         f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, docker_sd_configs, dry_run, external_url, "
-        "file_sd_configs, fleet, gateway, global, gpus, include, listen, notifiers, routes, rule_backend, rule_files, "
+        "file_sd_configs, fleet, gateway, global, gpus, incidents, include, listen, notifiers, routes, rule_backend, rule_files, "
         "runbook_base_url, state_dir, targets)"
     ]
     assert [t for t in d.monitor.targets] == ["vllm-0"]
