@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.actions.test_remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
 from tests.support.clock import Clock
+from tests.support.remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
 from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import parse_config
