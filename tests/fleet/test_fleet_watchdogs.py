@@ -152,7 +152,8 @@ def _config(home: Path, i: int, port: int, vport: int, endpoints: Sequence[str],
         str(home / "term_delay"),
     ]
     fast = "startup_grace: 0s, drain_timeout: 1s, stop_timeout: 20s, ready_timeout: 30s"
-    # Every case restarts the same stubs again: no cooldown, budget or crash-loop rail may stop them.
+    # Every case restarts the same stubs again: no cooldown, budget or crash-loop rail may stop them. No
+    # correlated hold either: the first case fires one alert on every member (the correlated case reloads it).
     again = "cooldown: 0s, max_per_window: {count: 1000, window: 1h}, crash_loop_window: 0s"
     return write_config(
         home,
