@@ -46,6 +46,8 @@ from vllm_watchdog.commands.topfleet import fetch_fleet, render_fleet
 from vllm_watchdog.failpoints import ENV
 
 LIMIT = 60.0  # bound on every wait; never asserted on
+EVERY = 0.1  # seconds between polls of a member's API: the cases wait on each other's steps dozens of times
+CLIENT = httpx.Client(timeout=10, trust_env=False)  # one for every poll: a client per request costs more CPU
 TTL = 3  # seconds: a killed member's slot frees this long after its last renewal
 GROUP = "pool"
 RAN = ("succeeded", "failed", "rolled_back", "running")
@@ -68,7 +70,7 @@ class Member:
 
     def status(self) -> dict[str, Any]:
         """GET /api/v1/actions' data."""
-        data: dict[str, Any] = httpx.get(self.api + "/api/v1/actions", timeout=10).json()["data"]
+        data: dict[str, Any] = CLIENT.get(self.api + "/api/v1/actions").json()["data"]
         return data
 
     def rows(self, action: str = "restart") -> list[dict[str, Any]]:
@@ -100,11 +102,19 @@ class Member:
         return answer
 
     def wait(self, pred: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-        """Poll the actions status until `pred` holds."""
-        found: dict[str, Any] = poll(
-            self.api + "/api/v1/actions", lambda j: pred(j["data"]), LIMIT, what, self.log
-        )["data"]
-        return found
+        """Poll the actions status until `pred` holds; AssertionError with the last answer and the log's end
+        after LIMIT seconds."""
+        deadline = time.monotonic() + LIMIT
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.status()
+                if pred(last):
+                    return dict(last)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):  # not up yet, or an error document
+                pass
+            time.sleep(EVERY)
+        raise AssertionError(f"{what} not within {LIMIT}s; last: {last}; log: {self.log.read_text()[-3000:]}")
 
     def reload(self, text: str) -> None:
         """Write a new config and make the watchdog apply it."""
@@ -334,13 +344,13 @@ def test_a_member_cut_off_from_etcd_refuses_and_alerts_while_the_others_proceed(
     a, b, cut = fleet  # m2 reaches etcd through the proxies
     for p in pool.proxies:
         p.cut()
+    for m in (a, b):
+        m.run()
     cut.wait(lambda d: d["fleet"]["refusal"], "the cut-off member knows it")
     result = cut.run(wait=True)["result"]
     assert result["outcome"] == "skipped" and result["reason"].startswith("fleet:"), result
     alerts = cut.wait(lambda d: d["fleet"]["alerts"], "the fleet alert")["fleet"]["alerts"]
     assert [x["labels"]["alertname"] for x in alerts] == ["VLLMWatchdogFleetUnreachable"]
-    for m in (a, b):
-        m.run()
     for m in (a, b):
         _restarted(m)
         assert [r["outcome"] for r in m.rows()] == ["succeeded"]
@@ -349,11 +359,19 @@ def test_a_member_cut_off_from_etcd_refuses_and_alerts_while_the_others_proceed(
 
 
 def _fleet_command(member: Member) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    with _fleet_command_started(member) as proc:
+        stdout, stderr = proc.communicate(timeout=LIMIT)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _fleet_command_started(member: Member) -> subprocess.Popen[str]:
+    """`vllm-watchdog fleet` with `member`'s config, started (as a context manager: its pipes closed and its
+    exit awaited at the end)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "vllm_watchdog", "fleet", "--config", str(member.cfg)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=LIMIT,
     )
 
 
@@ -376,13 +394,14 @@ def test_with_etcd_stopped_no_disruptive_action_starts_and_monitoring_goes_on(
     assert rows.keys() == {"m0", "m1", "m2"} and all(f"stub-{m[1]}" in rows[m] for m in rows), listed.stdout
     assert listed.stdout.startswith(f"group {GROUP}: 3 live members")
     pool.etcd.stop_all()
-    for m in members:
-        alerts = m.wait(lambda d: d["fleet"]["alerts"], "the fleet alert")["fleet"]["alerts"]
-        assert alerts[0]["labels"]["alertname"] == "VLLMWatchdogFleetUnreachable"
-        result = m.run(wait=True)["result"]
-        assert result["outcome"] == "skipped" and "etcd" in result["reason"], result
-    listed = _fleet_command(members[0])
-    assert listed.returncode == 1 and "no etcd endpoint answered" in listed.stderr, listed
+    with _fleet_command_started(members[0]) as listing:  # it runs while the members find out
+        for m in members:
+            alerts = m.wait(lambda d: d["fleet"]["alerts"], "the fleet alert")["fleet"]["alerts"]
+            assert alerts[0]["labels"]["alertname"] == "VLLMWatchdogFleetUnreachable"
+            result = m.run(wait=True)["result"]
+            assert result["outcome"] == "skipped" and "etcd" in result["reason"], result
+        _, stderr = listing.communicate(timeout=LIMIT)
+    assert listing.returncode == 1 and "no etcd endpoint answered" in stderr, stderr
     for m in members:
         assert [r["outcome"] for r in m.rows()] == ["skipped"]
     for m in members:
