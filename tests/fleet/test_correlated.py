@@ -12,6 +12,7 @@ from vllm_watchdog.fleet.alerts import CORRELATED, RESEND, FleetAlerts
 from vllm_watchdog.fleet.budget import FleetBudget, FleetOptions
 from vllm_watchdog.fleet.config import FleetConfig, parse_max_disrupted
 from vllm_watchdog.fleet.correlated import (
+    MAX_HOLDS,
     MAX_NAME,
     MAX_PUBLISHED,
     MAX_TRACKED,
@@ -20,7 +21,9 @@ from vllm_watchdog.fleet.correlated import (
     View,
     decode_firing,
     encode_firing,
+    parse_view,
 )
+from vllm_watchdog.fleet.etcd import KeyValue, Range
 
 GROUP = FleetConfig(group="llama", correlated_share=0.5, lease_ttl=9)
 
@@ -57,6 +60,10 @@ def test_what_a_member_publishes_and_reads_is_bounded() -> None:
     assert read[0] == "Y" * MAX_NAME and len(read) <= MAX_PUBLISHED and all(isinstance(n, str) for n in read)
     for junk in (b"", b"not json", b"[1, 2]", b'{"alerts": "Hung"}', b'{"alerts": null}'):
         assert decode_firing(junk) == ()
+    long_member = KeyValue(b"/p/g/firing/" + b"m" * 5000, encode_firing(["Hung"]), 1, 1, 1)
+    other = KeyValue(b"/p/g/firing/m2", b"junk", 2, 2, 2)
+    read_view = parse_view(7, Range((), 3, 7), Range((long_member, other), 2, 7))
+    assert read_view.firing == {"Hung": ("m" * MAX_NAME,)} and (read_view.revision, read_view.live) == (7, 3)
 
 
 def test_the_group_holds_when_more_than_the_share_of_live_members_fire_one_alert() -> None:
@@ -70,6 +77,9 @@ def test_the_group_holds_when_more_than_the_share_of_live_members_fire_one_alert
     assert len(view(10, Hung=tuple("abcd")).holds(0.3)) == 1
     (hold,) = view(1, Hung=("a", "b")).holds(0.5)  # a member whose key lags still counts as live
     assert hold.live == 2
+    many = view(4, **{f"A{i:02d}": ("a", "b") for i in range(40)}, Z=("a", "b", "c"))
+    assert [h.alertname for h in many.holds(0.25)][:3] == ["Z", "A00", "A01"]  # the most fired first
+    assert len(many.holds(0.25)) == MAX_HOLDS
 
 
 def test_the_refusal_names_the_alert_the_members_and_the_share_boundedly() -> None:

@@ -31,6 +31,7 @@ MAX_NAME = 128  # characters of one published name
 MAX_FIRING_READ = 1024  # firing keys read: 1024 x 16 x 128 characters stay below the client's MAX_BODY
 MAX_TRACKED = 1024  # (alertname, target) pairs one member tracks
 SHOWN = 16  # members named in a refusal or an alert
+MAX_HOLDS = 16  # alerts that hold the group at once, reported (alerts, metrics): the most fired first
 
 
 class FiringAlerts:
@@ -106,17 +107,15 @@ class View:
 
     def holds(self, share: float | None) -> tuple[Hold, ...]:
         """The alerts fired by more than `share` of the live members (and by two at least: one member alone is
-        no correlation), by name; none when the hold is off (`share` None)."""
+        no correlation), the most fired first, at most MAX_HOLDS; none when the hold is off (`share` None)."""
         if share is None:
             return ()
         everyone = {m for members in self.firing.values() for m in members}
         live = max(self.live, len(everyone))
         limit = round(share * live, 9)  # 0.3 * 10 is 3.0000000000000004 in floats: 3 of 10 is not more
-        return tuple(
-            Hold(name, members, live, share)
-            for name, members in sorted(self.firing.items())
-            if len(members) >= 2 and len(members) > limit
-        )
+        held = [(n, m) for n, m in self.firing.items() if len(m) >= 2 and len(m) > limit]
+        held.sort(key=lambda nm: (-len(nm[1]), nm[0]))
+        return tuple(Hold(name, members, live, share) for name, members in held[:MAX_HOLDS])
 
     def json(self) -> dict[str, Any]:
         """For /api/v1/actions and /api/v1/fleet."""
@@ -138,7 +137,7 @@ def parse_view(revision: int, members: Range, firing: Range) -> View:
     """A View from the two ranges read in one transaction."""
     by_name: dict[str, list[str]] = {}
     for kv in firing.kvs:
-        member = kv.key.rsplit(b"/", 1)[-1].decode("utf-8", "replace")
+        member = kv.key.rsplit(b"/", 1)[-1][:MAX_NAME].decode("utf-8", "replace")
         for name in decode_firing(kv.value):
             by_name.setdefault(name, []).append(member)
     return View(revision, members.count, {k: tuple(sorted(v)) for k, v in by_name.items()})
