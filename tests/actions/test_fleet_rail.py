@@ -49,6 +49,9 @@ class Budget:
     def note_alert(self, alertname: str, target: str, firing: bool, until: float, now: float) -> None:
         self.noted.append((alertname, target, firing, until))
 
+    def retired(self, target: str, now: float) -> None:
+        self.noted.append(("", target, False, now))
+
     async def group(self) -> dict[str, Any]:
         return {"enabled": True}
 
@@ -160,6 +163,7 @@ async def test_a_target_removed_while_its_action_waits_for_a_slot_is_not_acted_o
     budget.gate.set()
     await settle(r)
     assert rt.calls == [] and len(budget.released) == 1  # the slot is given back, nothing touched
+    assert budget.noted[-1][:3] == ("", "vllm-0", False)  # its alerts no longer count for the fleet
     (row,) = r.store.history()
     assert row.outcome == "skipped" and row.reason.startswith("target_removed: target vllm-0 was removed")
 

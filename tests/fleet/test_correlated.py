@@ -45,6 +45,10 @@ def test_a_member_publishes_the_alert_names_it_fires_until_they_resolve_or_end()
     assert firing.names(250.0) == ("Hung",)
     firing.note("Hung", "vllm-0", False, until=0.0)
     assert firing.names(250.0) == ()
+    firing.note("Hung", "vllm-0", True, until=300.0)
+    firing.note("Slow", "vllm-1", True, until=300.0)
+    firing.forget("vllm-0")  # the target left the config: its resolution will never come
+    assert firing.names(250.0) == ("Slow",)
 
 
 def test_what_a_member_publishes_and_reads_is_bounded() -> None:

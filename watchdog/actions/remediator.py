@@ -118,6 +118,7 @@ class Remediator:
         for name in {t.name for t in old.targets} - {t.name for t in config.targets}:
             pending = (self.jobs, self.audit, self.retries, self.restores)
             forget_target(name, actions, *pending, self.clock(), self._configured)
+            self.budget.retired(name, self.clock())
 
     def _configured(self, name: str) -> bool:
         return any(t.name == name for t in self.config.targets)

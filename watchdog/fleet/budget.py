@@ -69,6 +69,10 @@ class DisruptionBudget(Protocol):
         """An alert routed to a disruptive action fired here (until `until`, wall clock) or resolved."""
         ...
 
+    def retired(self, target: str, now: float) -> None:
+        """`target` left the config: its alerts no longer count."""
+        ...
+
     async def group(self) -> dict[str, Any]:
         """The group as etcd has it now, for /api/v1/fleet; {"enabled": False} outside a fleet."""
         ...
@@ -94,6 +98,9 @@ class NoBudget:
 
     def note_alert(self, alertname: str, target: str, firing: bool, until: float, now: float) -> None:
         """Nobody to tell."""
+
+    def retired(self, target: str, now: float) -> None:
+        """Nothing counted."""
 
     async def group(self) -> dict[str, Any]:
         """No fleet."""
@@ -187,6 +194,12 @@ class FleetBudget:
         """Track a disruptive alert of this member; what fires is published at the next renewal, or at once
         when this member asks for a slot."""
         self.firing.note(alertname, target, firing, until)
+        self.session.publish_firing(self.firing.names(now))
+
+    def retired(self, target: str, now: float) -> None:
+        """`target` left the config (a reload, discovery): its alerts no longer count, though their resolution
+        (about a target this member no longer has) never comes."""
+        self.firing.forget(target)
         self.session.publish_firing(self.firing.names(now))
 
     def publish(self, details: dict[str, object], now: float) -> None:

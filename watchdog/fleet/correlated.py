@@ -48,6 +48,11 @@ class FiringAlerts:
         elif key in self.until or len(self.until) < MAX_TRACKED:
             self.until[key] = until
 
+    def forget(self, target: str) -> None:
+        """A target that left the config fires nothing any more."""
+        for key in [k for k in self.until if k[1] == target]:
+            del self.until[key]
+
     def names(self, now: float) -> tuple[str, ...]:
         """The alert names firing at `now`, sorted, at most MAX_PUBLISHED (expired ones are forgotten)."""
         for key, until in list(self.until.items()):
