@@ -3,7 +3,8 @@
 Usage: python bench/fleet.py [-n MEMBERS] [--rounds R] [--restart SECONDS]
 
 Prints, against an anchor measured in the same run (one etcd put through the JSON gateway):
-- acquire: a slot taken with no one else in line (the key's put, then one transaction of four reads);
+- acquire: a slot taken with no one else in line (the key's put, then one transaction of five reads: the
+  slots, the key, the members, the holders and what the group fires);
 - release: the slot's key deleted;
 - handoff: from a holder's release to the next waiter's grant (its watch wakes it, it reads again);
   each the median and the worst of R rounds;

@@ -202,6 +202,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         token=os.environ.get("VLLM_WATCHDOG_TOKEN") or None,
         color=color,
         plain=not sys.stdout.isatty(),
+        fleet=args.fleet,
     )
 
 
@@ -396,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         "refreshed every --interval. vLLM values come from the watchdog's sample store: a family that no "
         "rule reads shows '-' unless global.keep_unreferenced is true. The token, if the API needs one, "
         "comes from VLLM_WATCHDOG_TOKEN. Not on a terminal it prints plain frames, without screen escapes. "
-        "Exit 0, or 4 if --once cannot read the API.",
+        "With --fleet it shows the watchdog's fleet group instead, as etcd has it. "
+        "Exit 0, or 4 if --once cannot read the API (or, with --fleet, etcd behind it).",
         config=False,
     )
     top.add_argument("--url", default="http://127.0.0.1:9460", help="the watchdog's API (its `listen`)")
@@ -404,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit (4 if unreachable)")
     top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
     top.add_argument("--no-color", action="store_true", help="no ANSI colours (none when not a terminal)")
+    top.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the watchdog's fleet group instead: every member's targets, firing alerts, running and waiting "
+        "actions, and the holds (read from etcd by the watchdog, GET /api/v1/fleet)",
+    )
     init = _command(
         sub,
         "init",

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.actions.test_remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
 from tests.support.clock import Clock
+from tests.support.remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
 from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import parse_config
@@ -23,17 +23,19 @@ pytestmark = pytest.mark.anyio
 class Budget:
     """Grants or refuses as told, and records what it was asked and given back."""
 
-    def __init__(self, refusal: str = "") -> None:
+    def __init__(self, refusal: str = "", rail: str = "fleet") -> None:
         self.refusal = refusal
+        self.rail = rail
         self.asked: list[tuple[str, str]] = []
         self.released: list[Grant] = []
+        self.noted: list[tuple[str, str, bool, float]] = []
         self.gate: asyncio.Event | None = None  # set: acquire waits for it
 
     async def acquire(self, target: str, action: str) -> Grant:
         self.asked.append((target, action))
         if self.gate is not None:
             await self.gate.wait()
-        return Grant(target, action, self.refusal, 1.0)
+        return Grant(target, action, self.refusal, 1.0, rail=self.rail)
 
     async def release(self, grant: Grant) -> None:
         self.released.append(grant)
@@ -43,6 +45,15 @@ class Budget:
 
     def alerts(self, now: float) -> list[OutgoingAlert]:
         return []
+
+    def note_alert(self, alertname: str, target: str, firing: bool, until: float, now: float) -> None:
+        self.noted.append((alertname, target, firing, until))
+
+    def retired(self, target: str, now: float) -> None:
+        self.noted.append(("", target, False, now))
+
+    async def group(self) -> dict[str, Any]:
+        return {"enabled": True}
 
 
 def make(budget: Budget, text: str = CONFIG) -> tuple[Remediator, ScriptedRuntime, Clock]:
@@ -152,5 +163,43 @@ async def test_a_target_removed_while_its_action_waits_for_a_slot_is_not_acted_o
     budget.gate.set()
     await settle(r)
     assert rt.calls == [] and len(budget.released) == 1  # the slot is given back, nothing touched
+    assert budget.noted[-1][:3] == ("", "vllm-0", False)  # its alerts no longer count for the fleet
     (row,) = r.store.history()
     assert row.outcome == "skipped" and row.reason.startswith("target_removed: target vllm-0 was removed")
+
+
+async def test_a_correlated_fault_skips_on_the_fleet_hold_rail() -> None:
+    budget = Budget(
+        "fleet_hold: 3 of 4 live members of group g fire Hung (a, b, c), more than ...", "fleet_hold"
+    )
+    r, rt, _ = make(budget)
+    r.handle([alert("Hung")], 0.0)
+    await settle(r)
+    assert rt.calls == []
+    (row,) = r.store.history()
+    assert (row.outcome, row.reason) == ("skipped", budget.refusal)
+    job = r.run_manual("restart", "vllm-0")
+    assert job.done is not None
+    result = await asyncio.wait_for(job.done, 10)
+    assert (result["outcome"], result["rail"]) == ("skipped", "fleet_hold")
+    assert rt.calls == [] and r.audit.counts[("restart", "vllm-0", "skipped")] == 2
+
+
+async def test_alerts_routed_to_disruptive_actions_are_told_to_the_fleet_until_they_resolve() -> None:
+    budget = Budget()
+    text = CONFIG.replace("routes:\n", "routes:\n  - {match: {alertname: Busy}, actions: [slow]}\n").replace(
+        "actions:\n  restart:", "actions:\n  slow: {type: throttle}\n  restart:"
+    )
+    r, _, _ = make(budget, text)
+    firing = OutgoingAlert({"alertname": "Hung", "instance": "vllm-0"}, {}, "firing", 0.0, 240.0, 1.0)
+    r.handle([firing], 10.0)
+    r.handle([alert("Hung", "resolved")], 20.0)
+    r.handle([alert("Busy")], 30.0)  # a throttle is no disruption
+    r.handle([alert("Hung", instance="elsewhere")], 40.0)  # not about a target of this member
+    no_end = OutgoingAlert({"alertname": "SpecBad", "instance": "vllm-0"}, {}, "firing", 0.0, 0.0, 1.0)
+    r.handle([no_end], 50.0)  # an Alertmanager's firing alert: no end, counted FIRING_HOLD from now
+    assert budget.noted == [
+        ("Hung", "vllm-0", True, 240.0),
+        ("Hung", "vllm-0", False, 320.0),
+        ("SpecBad", "vllm-0", True, 350.0),
+    ]

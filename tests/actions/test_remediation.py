@@ -1,8 +1,8 @@
 """The remediator's orchestration with injected time: routes, rails, dry run, merging, rollback, reconcile.
 
-The runtime here is a scripted double that records calls: real runtimes (Docker, processes) are tested in
-their own files and end to end in test_remediation_e2e.py. What this file checks is the decision logic,
-which must hold over hours of simulated alerts.
+The runtime here is a scripted double that records calls (tests/support/remediation.py): real runtimes
+(Docker, processes) are tested in their own files and end to end in test_remediation_e2e.py. What this file
+checks is the decision logic, which must hold over hours of simulated alerts.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
 from tests.support.clock import Clock
 from tests.support.fake_nvml import FakeNvml
+from tests.support.remediation import ARGS, CONFIG, SPEC, Hub, Ready, ScriptedRuntime, alert, settle
 from vllm_watchdog.actions.audit import Job
 from vllm_watchdog.actions.jobqueues import MAX_QUEUED, QUEUE_RAIL
 from vllm_watchdog.actions.power import PowerLimiter
@@ -26,117 +26,9 @@ from vllm_watchdog.actions.runtime import Launch
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.actions.supervisor import RESPAWN
 from vllm_watchdog.config.model import Config, parse_config
-from vllm_watchdog.config.targets import TargetConfig
-from vllm_watchdog.errors import ActionError
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 
 pytestmark = pytest.mark.anyio
-SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
-ARGS = (
-    "-m",
-    "vllm.entrypoints.openai.api_server",
-    "--model",
-    "/m",
-    "--speculative-config",
-    SPEC,
-    "--max-num-seqs",
-    "4",
-)
-CONFIG = """
-targets: [{name: vllm-0, url: "http://127.0.0.1:1", container: vllm-0}]
-routes:
-  - {match: {alertname: Hung}, actions: [restart]}
-  - {match: {alertname: SpecBad}, actions: [draft_off]}
-  - {match: {alertname: Hot}, actions: [smaller]}
-actions:
-  restart: {type: restart, cooldown: 15m, startup_grace: 0s, max_per_window: {count: 3, window: 6h}}
-  draft_off: {type: disable_draft, startup_grace: 0s}
-  draft_on: {type: enable_draft, startup_grace: 0s}
-  smaller: {type: reconfigure, set: {--max-num-seqs: "1"}, restore_after: 10m, startup_grace: 0s, cooldown: 0s}
-"""
-
-
-class ScriptedRuntime:
-    """Records every call; `ready_after_replace` False makes the replacement fail its ready check."""
-
-    kind = "docker"
-
-    def __init__(self, args: tuple[str, ...] = ARGS) -> None:
-        self.target = "vllm-0"
-        self.current = Launch("docker", args, {"image": "vllm:test"})
-        self.previous: Launch | None = None
-        self.calls: list[str] = []
-        self.running = True
-        self.fail_stop = False
-
-    async def launch(self) -> Launch:
-        return self.current
-
-    async def is_running(self) -> bool:
-        return self.running
-
-    async def started_at(self) -> float | None:
-        return 0.0
-
-    async def stop(self, timeout: float) -> None:
-        self.calls.append("stop")
-        if self.fail_stop:
-            raise ActionError("docker: stop failed: 500 Server Error")
-        self.running = False
-
-    async def start(self) -> None:
-        self.calls.append("start")
-        self.running = True
-
-    async def replace(self, launch: Launch, stop_timeout: float) -> None:
-        self.calls.append("replace")
-        self.previous, self.current = self.current, launch
-
-    async def has_previous(self) -> bool:
-        return self.previous is not None
-
-    async def commit(self) -> None:
-        self.calls.append("commit")
-        self.previous = None
-
-    async def rollback(self, stop_timeout: float) -> None:
-        self.calls.append("rollback")
-        assert self.previous is not None
-        self.current, self.previous = self.previous, None
-
-    async def close(self) -> None:
-        pass
-
-
-class Ready:
-    """Ready unless the current launch is in `broken` (by its args)."""
-
-    def __init__(self, runtime: ScriptedRuntime) -> None:
-        self.runtime = runtime
-        self.broken: set[tuple[str, ...]] = set()
-
-    async def wait(self, target: TargetConfig, timeout: float, alive: object = None) -> tuple[bool, str]:
-        if self.runtime.current.args in self.broken:
-            return False, f"not ready within {timeout:g}s (/health: connection refused)"
-        return True, ""
-
-
-class Hub:
-    """Collects what would be notified."""
-
-    def __init__(self) -> None:
-        self.sent: list[OutgoingAlert] = []
-        self.events: list[Any] = []
-
-    def alerts(self, alerts: list[OutgoingAlert], now: float) -> None:
-        self.sent.extend(alerts)
-
-    def event(self, event: Any, now: float) -> None:
-        self.events.append(event)
-
-
-def alert(name: str, state: str = "firing", **labels: str) -> OutgoingAlert:
-    return OutgoingAlert({"alertname": name, "instance": "vllm-0", **labels}, {}, state, 0.0, 0.0, 1.0)
 
 
 def make(
@@ -166,14 +58,6 @@ def make(
     )
     r.reconciled.set()
     return r, runtime, ready, hub, clock
-
-
-async def settle(r: Remediator) -> None:
-    for _ in range(200):
-        if not any(q for q in r.queues.values()) and not r.current:
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("queue did not drain")
 
 
 async def test_a_routed_alert_restarts_gracefully_and_is_audited() -> None:

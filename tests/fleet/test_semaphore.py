@@ -31,13 +31,18 @@ def anyio_backend() -> str:
 @pytest.fixture
 async def members(etcd_cluster: EtcdCluster) -> AsyncIterator[Callable[..., FleetBudget]]:
     """Makes joined members of a fresh group whose leases renew in the background, as a watchdog's do:
-    `members(name, max_disrupted=..., slot_wait=..., lease_ttl=..., renew=...)`."""
+    `members(name, max_disrupted=..., slot_wait=..., lease_ttl=..., renew=..., correlated_share=...)`."""
     made: list[FleetBudget] = []
     renewals: list[asyncio.Task[None]] = []
     group = f"unit-{next(_groups)}"
 
     async def make(
-        name: str, max_disrupted: str = "1", slot_wait: float = 30.0, lease_ttl: float = 3, renew: bool = True
+        name: str,
+        max_disrupted: str = "1",
+        slot_wait: float = 30.0,
+        lease_ttl: float = 3,
+        renew: bool = True,
+        correlated_share: float | None = None,
     ) -> FleetBudget:
         cfg = FleetConfig(
             endpoints=tuple(etcd_cluster.endpoints),
@@ -46,6 +51,7 @@ async def members(etcd_cluster: EtcdCluster) -> AsyncIterator[Callable[..., Flee
             lease_ttl=lease_ttl,
             request_timeout=lease_ttl / 3,
             slot_wait=slot_wait,
+            correlated_share=correlated_share,
         )
         budget = FleetBudget(cfg, FleetOptions(name))
         await budget.session.step()
@@ -123,7 +129,7 @@ async def test_a_waiter_is_refused_after_slot_wait_naming_the_holder_and_leaves_
     assert refused.refusal.startswith("fleet: waited 500ms for one of 1 slots"), refused
     assert "held by holder/vllm-0 (restart)" in refused.refusal and "number 2 in line" in refused.refusal
     assert held.slot is not None and await _slot_keys(holder) == [held.slot.key]  # the waiter's key is gone
-    assert waiter.refusals == 1 and waiter.waiting == {}
+    assert waiter.refusals == {"fleet": 1} and waiter.waiting == {}
 
 
 async def test_a_cancelled_waiter_takes_its_key_out_of_line(members: Callable[..., FleetBudget]) -> None:
@@ -159,6 +165,46 @@ async def test_an_expired_lease_is_replaced_and_counts_the_slot_lost(
     assert member.session.generation == 2 and member.session.refusal() == ""
     await member.release(grant)
     assert member.lost == 1
+
+
+async def test_a_correlated_fault_holds_every_member_and_waiters_until_it_falls_back(
+    members: Callable[..., FleetBudget],
+) -> None:
+    a, b, c, d = [await members(f"m{i}", correlated_share=0.5) for i in range(4)]  # type: ignore[misc]
+    held = await d.acquire("t", "restart")  # d restarts: the others wait in line behind it
+    a.note_alert("Hung", "vllm-0", True, until=1e12, now=0.0)
+    waiting = asyncio.ensure_future(a.acquire("vllm-0", "restart"))
+    await _until(lambda: "vllm-0" in a.waiting)
+    assert a.session.firing == ("Hung",)  # published before it asked for a slot
+    b.note_alert("Hung", "vllm-1", True, until=1e12, now=0.0)
+    c.note_alert("Hung", "vllm-2", True, until=1e12, now=0.0)
+    await asyncio.wait_for(_publish_now(b, c), LIMIT)
+    refused = await asyncio.wait_for(waiting, LIMIT)  # 3 of 4 > half: out of line at once, not after d
+    assert refused.rail == "fleet_hold" and refused.slot is None
+    assert refused.refusal.startswith("fleet_hold: 3 of 4 live members of group unit-")
+    assert "fire Hung (m0, m1, m2), more than correlated_share 50%" in refused.refusal
+    assert held.slot is not None and await _slot_keys(a) == [held.slot.key]  # the waiter's key is gone
+    await d.release(held)
+    assert (await d.acquire("t", "restart")).rail == "fleet_hold"  # group-wide: d fires nothing itself
+    await _until(lambda: bool(d.holds()))  # its background read of the group saw it too
+    (alert,) = [x for x in d.alerts(0.0) if x.labels.get("fault")]
+    assert (alert.state, alert.annotations["members"]) == ("firing", "m0, m1, m2")
+    assert d.refusals == {"fleet_hold": 1} and a.refusals == {"fleet_hold": 1}
+    b.note_alert("Hung", "vllm-1", False, until=0.0, now=1.0)
+    c.note_alert("Hung", "vllm-2", False, until=0.0, now=1.0)
+    await asyncio.wait_for(_publish_now(b, c), LIMIT)
+    await _until(lambda: not d.holds())  # 1 of 4 fires it now: the hold ends
+    (resolved,) = [x for x in d.alerts(1.0) if x.labels.get("fault")]
+    assert resolved.state == "resolved"
+    grant = await asyncio.wait_for(a.acquire("vllm-0", "restart"), LIMIT)
+    assert grant.refusal == ""
+    await a.release(grant)
+
+
+async def _publish_now(*budgets: FleetBudget) -> None:
+    """Write what each budget fires now, rather than at its next renewal."""
+    for budget in budgets:
+        await budget.session.flush()
 
 
 def _unreachable(request: httpx.Request) -> httpx.Response:

@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -128,6 +129,39 @@ class EtcdCluster:
         for member in self.members:
             member.kill()
 
+    def call(self, path: str, body: dict[str, object]) -> dict[str, Any]:
+        """POST `body` to the v3 JSON gateway's `/v3/<path>` on the first running member that answers."""
+        problems = []
+        for member in self.members:
+            if member.running:
+                try:
+                    answer = httpx.post(f"{member.url}/v3/{path}", json=body, timeout=5, trust_env=False)
+                except httpx.HTTPError as exc:
+                    problems.append(f"{member.name}: {exc}")
+                    continue
+                assert answer.status_code == 200, answer.text
+                found: dict[str, Any] = answer.json()
+                return found
+        raise AssertionError(f"no etcd member answered {path}: {problems}")
+
+    def hold_key(self, key: str, ttl: int = 60) -> int:
+        """Write `key` under a new lease of `ttl` seconds, as a member would (a slot, say); the lease's id,
+        for `revoke`."""
+        lease = int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
+        self.call("kv/put", {"key": _b64(key), "value": _b64("{}"), "lease": str(lease)})
+        return lease
+
+    def revoke(self, lease: int) -> None:
+        """End a lease: its keys go."""
+        self.call("lease/revoke", {"ID": str(lease)})
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix`."""
+        key = prefix.encode()
+        end = key[:-1] + bytes([key[-1] + 1])
+        body = {"key": _b64(prefix), "range_end": base64.b64encode(end).decode(), "keys_only": True}
+        return [base64.b64decode(kv["key"]).decode() for kv in self.call("kv/range", body).get("kvs", [])]
+
     def wipe(self, prefix: str = "/") -> None:
         """Delete every key under `prefix`, so that tests sharing the cluster start clean."""
         key = prefix.encode()
@@ -148,9 +182,14 @@ class EtcdCluster:
         )
 
 
-@pytest.fixture(scope="module")
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.fixture(scope="session")
 def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """A 3-member etcd cluster for one test module; killed at its end."""
+    """A 3-member etcd cluster for the session (one per xdist worker); killed at its end. Tests that kill or
+    stop members start them again before they end, and each uses its own keys (its own group)."""
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
     try:
         cluster.start()

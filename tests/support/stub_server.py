@@ -6,6 +6,8 @@ It answers what the watchdog asks of vLLM: `/health`, `/metrics` (vLLM's queue g
 - `--port P` (required);
 - `--term-delay S`: on SIGTERM, `/health` answers 503 and the server exits S seconds later, like a vLLM
   finishing its requests; a test kills the watchdog inside that window to hit the middle of a stop;
+- `--term-delay-file F`: the same, S read from F at SIGTERM (when F exists), so that tests sharing one
+  watchdog can each set how long a stop takes;
 - `--crash-file F`: if F exists at start, exit with status 1 as many seconds after start as F says;
 - `--hold-file F`: on SIGTERM, `/health` answers 503 and the server exits only once F exists (a stop that
   lasts exactly until the test lets it end);
@@ -42,8 +44,11 @@ def hold(path):
     os._exit(0)
 def on_term(*_):
     stopping.set()
+    delay_file = opt("--term-delay-file")
     if opt("--hold-file"):
         threading.Thread(target=hold, args=(opt("--hold-file"),), daemon=True).start()
+    elif delay_file and os.path.exists(delay_file):
+        later(float(open(delay_file).read().strip() or "0"), 0)
     else:
         later(float(opt("--term-delay", "0")), 0)
 signal.signal(signal.SIGTERM, on_term)

@@ -254,8 +254,13 @@ class ActionPlane:
         for name, (_, runtime) in old.items():
             if self.runtimes.get(name, (None, None))[1] is not runtime:
                 self._background.spawn(self._retire(name, runtime), f"actions:retire:{name}")
-        if config.fleet != self.config.fleet:
-            log.warning("fleet changes take effect only after a restart")
+        if config.fleet != self.config.fleet and not (
+            self.fleet is not None and config.fleet is not None and self.fleet.apply(config.fleet)
+        ):
+            log.warning(
+                "fleet changes other than max_disrupted, slot_wait and correlated_share take effect only "
+                "after a restart"
+            )
         self.config = config
         self._apply_gateway(config)
         self.hub.update(config.notifiers)
@@ -347,7 +352,7 @@ class ActionPlane:
         if self.remediator.reconciled.is_set():
             await self.remediator.tick(now)
         if self.fleet is not None:
-            self.fleet.session.publish(self._membership(now))
+            self.fleet.publish(self._membership(now), now)
 
     def _membership(self, now: float) -> dict[str, object]:
         """What this member shows the fleet: its targets, firing alerts, running and waiting actions."""

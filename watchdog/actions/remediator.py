@@ -13,8 +13,7 @@ from typing import Any
 
 from ..config.model import Config
 from ..config.targets import TargetConfig
-from ..fleet.budget import BUDGETED, NO_BUDGET, DisruptionBudget, Grant
-from ..fleet.budget import RAIL as FLEET_RAIL
+from ..fleet.budget import BUDGETED, NO_BUDGET, DisruptionBudget, Grant, note_routed
 from ..gateway.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
@@ -124,6 +123,7 @@ class Remediator:
         for name in {t.name for t in old.targets} - {t.name for t in config.targets}:
             pending = (self.jobs, self.audit, self.retries, self.restores)
             forget_target(name, actions, *pending, self.clock(), self._configured)
+            self.budget.retired(name, self.clock())
 
     def _configured(self, name: str) -> bool:
         return any(t.name == name for t in self.config.targets)
@@ -134,7 +134,11 @@ class Remediator:
         queued = 0
         for alert in alerts:
             target = target_of(alert.labels, self.config.targets)
-            for name in route(self.config.routes, alert.labels):
+            names = route(self.config.routes, alert.labels)
+            if target is not None:  # what the fleet counts for correlated faults
+                types = [a.type for a in map(self.config.actions.get, names) if a is not None]
+                note_routed(self.budget, alert, target.name, types, now)
+            for name in names:
                 action = self.config.actions.get(name)
                 if action is None:
                     continue
@@ -231,7 +235,7 @@ class Remediator:
         if grant.refusal:
             if job.restore:  # due again later, not lost
                 self.restores.later(job, now)
-            return self._skip(job, Verdict(False, grant.refusal, FLEET_RAIL), now)
+            return self._skip(job, Verdict(False, grant.refusal, grant.rail), now)
         if not self._configured(job.target.name):  # removed (reload, discovery) while it waited for its slot
             return self._skip(job, Verdict(False, removed(job.target.name), REMOVED_RAIL), now)
         verdict, plan = await self._decide(job, runtime, gateway, started, now)

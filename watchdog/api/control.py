@@ -1,4 +1,5 @@
-"""The action part of the own HTTP API: history, maintenance mode, silences, manual runs, inbound alerts.
+"""The action part of the own HTTP API: history, the fleet, maintenance mode, silences, manual runs, inbound
+alerts.
 
 `ControlGuard` fronts the whole API: every method but GET and HEAD needs the bearer token (`api_token`), on
 every path but the named POSTs that only read (Prometheus' query API), so that no state-changing route can be
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
+from ..fleet.etcd import EtcdError
 from ..gateway.handle import GatewayControl
 from ..redact import Redactor
 from .inbound import BadRequest, inbound_alerts, rfc3339, silence_matchers, string_field
@@ -202,6 +204,13 @@ def control_routes(
         limit = query_int(request, "limit", 100, 1, MAX_HISTORY)
         return answer(remediator.status_json(clock(), limit=limit))
 
+    async def fleet(request: Request) -> Response:
+        try:
+            data = await remediator.budget.group()
+        except EtcdError as exc:
+            return error_response(503, f"etcd cannot be read: {exc}")
+        return answer({"status": "success", "data": data})  # {"enabled": false} outside a fleet
+
     async def pause(request: Request) -> Response:
         body = await _body(request)
         reason = string_field(body, "reason", default="maintenance")
@@ -306,6 +315,7 @@ def control_routes(
         Route("/api/v1/gateway/breakers", open_breaker, methods=["POST"]),
         Route("/api/v1/gateway/breakers/{session}", close_breaker, methods=["DELETE"]),
         Route("/api/v1/actions", actions),
+        Route("/api/v1/fleet", fleet),
         Route("/api/v1/pause", pause, methods=["POST"]),
         Route("/api/v1/resume", resume, methods=["POST"]),
         Route("/api/v1/silences", add_silence, methods=["POST"]),

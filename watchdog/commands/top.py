@@ -13,12 +13,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, TextIO
 
 import httpx
 
 from ..exitcodes import EXIT_OK, EXIT_UNREACHABLE
+from .screen import CLEAR, TopError, age_text, api_data, api_get, clock_text, paint, table
+from .topfleet import fetch_fleet, render_fleet
 
 SERIES = (
     "vllm:num_requests_running",
@@ -31,13 +33,7 @@ SERIES = (
     "vllm_watchdog_gateway_oldest_in_flight_seconds",
 )
 RATE_WINDOW = 30.0  # seconds of counter samples behind "tok/s" and the acceptance rate
-CLEAR = "\x1b[H\x1b[2J"
-_COLORS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 Samples = list[tuple[float, float]]
-
-
-class TopError(Exception):
-    """The API could not be read (connection refused, timeout, an answer that is not the API's JSON)."""
 
 
 @dataclass(frozen=True)
@@ -60,22 +56,6 @@ class Snapshot:
         ]
 
 
-def _get(
-    client: httpx.Client, url: str, headers: Mapping[str, str], params: Mapping[str, str] | None = None
-) -> httpx.Response:
-    try:
-        return client.get(url, headers=dict(headers), params=dict(params or {}))
-    except httpx.HTTPError as exc:
-        raise TopError(f"{url}: {exc}") from exc
-
-
-def _data(resp: httpx.Response) -> Any:
-    try:
-        return resp.json()["data"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TopError(f"{resp.url}: HTTP {resp.status_code}, not the watchdog's API") from exc
-
-
 def _samples(raw: list[Any]) -> Samples:
     out: Samples = []
     for t, v in raw:
@@ -88,20 +68,20 @@ def fetch(client: httpx.Client, url: str, *, actions: int = 8, token: str | None
     """Read targets, alerts, the last `actions` audit rows, the gateway and the table's series once."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    listing = _data(_get(client, base + "/api/v1/targets", headers))
+    listing = api_data(api_get(client, base + "/api/v1/targets", headers))
     try:
         targets = [t for t in listing["activeTargets"] if "watchdog" in t]  # vLLM targets, not dcgm
     except (KeyError, TypeError, AttributeError) as exc:
         raise TopError(f"{base}/api/v1/targets: not the watchdog's API") from exc
-    alerts = _data(_get(client, base + "/api/v1/alerts", headers))["alerts"]
-    history = _data(_get(client, f"{base}/api/v1/actions?limit={actions}", headers))
-    resp = _get(client, base + "/api/v1/gateway", headers)
-    gateway = _data(resp) if resp.status_code == 200 else None
+    alerts = api_data(api_get(client, base + "/api/v1/alerts", headers))["alerts"]
+    history = api_data(api_get(client, f"{base}/api/v1/actions?limit={actions}", headers))
+    resp = api_get(client, base + "/api/v1/gateway", headers)
+    gateway = api_data(resp) if resp.status_code == 200 else None
     series: dict[str, list[tuple[dict[str, str], Samples]]] = {}
     for name in SERIES:
-        resp = _get(client, f"{base}/api/v1/samples", headers, {"match": name})
+        resp = api_get(client, f"{base}/api/v1/samples", headers, {"match": name})
         if resp.status_code == 200:
-            series[name] = [(dict(s["labels"]), _samples(s["samples"])) for s in _data(resp)]
+            series[name] = [(dict(s["labels"]), _samples(s["samples"])) for s in api_data(resp)]
     return Snapshot(base, targets, alerts, history, gateway, series)
 
 
@@ -147,23 +127,8 @@ def token_rate(snap: Snapshot, inst: str, now: float) -> float | None:
 
 
 # -- rendering ------------------------------------------------------------------------------------
-def _paint(text: str, color: str | None, enabled: bool) -> str:
-    if not enabled or color is None:
-        return text
-    return f"\x1b[{_COLORS[color]}m{text}\x1b[0m"
-
-
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
-
-
-def _age(seconds: float) -> str:
-    seconds = max(seconds, 0.0)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _rfc3339(text: str) -> float | None:
@@ -171,20 +136,6 @@ def _rfc3339(text: str) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except (ValueError, AttributeError):
         return None
-
-
-def _clock(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
-
-
-def _table(rows: Sequence[Sequence[tuple[str, str | None]]], color: bool) -> list[str]:
-    """Left-aligned columns; each cell is (text, colour), padded by its plain text's width."""
-    widths = [max(len(r[i][0]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for row in rows:
-        cells = [_paint(text.ljust(w), c, color) for (text, c), w in zip(row, widths, strict=True)]
-        out.append("  ".join(cells).rstrip())
-    return out
 
 
 def _probe(doc: Mapping[str, Any] | None, key: str) -> tuple[str, str | None]:
@@ -227,21 +178,21 @@ def _target_rows(snap: Snapshot, now: float) -> list[list[tuple[str, str | None]
 def _gateway_lines(snap: Snapshot, color: bool) -> list[str]:
     gw = snap.gateway
     if gw is None:
-        return [_paint("GATEWAY", "bold", color) + "  none configured"]
+        return [paint("GATEWAY", "bold", color) + "  none configured"]
     target = str(gw.get("target", ""))
     queue = last_value(snap.of("vllm_watchdog_gateway_queue_length", target))
     limit, ceiling = gw.get("limit"), gw.get("ceiling")
     throttled = limit is not None and ceiling is not None and limit < ceiling
-    cap = _paint(f"{gw.get('in_flight', 0)}/{limit}", "yellow" if throttled else None, color)
-    draining = _paint("DRAINING", "yellow", color) if gw.get("draining") else "no"
+    cap = paint(f"{gw.get('in_flight', 0)}/{limit}", "yellow" if throttled else None, color)
+    draining = paint("DRAINING", "yellow", color) if gw.get("draining") else "no"
     line = (
-        f"{_paint('GATEWAY', 'bold', color)}  {target} on {gw.get('listen', '')}  in-flight/cap {cap} "
+        f"{paint('GATEWAY', 'bold', color)}  {target} on {gw.get('listen', '')}  in-flight/cap {cap} "
         f"(ceiling {ceiling})  queue {_fmt(queue, '.0f')}  draining {draining}"
     )
     lines = [line]
     for session, b in sorted((gw.get("breakers") or {}).items()):
         left = float(b.get("seconds_left", 0.0))
-        lines.append(f"  {_paint('breaker open', 'red', color)}  session {session}  {_age(left)} left")
+        lines.append(f"  {paint('breaker open', 'red', color)}  session {session}  {age_text(left)} left")
     return lines
 
 
@@ -249,16 +200,16 @@ def _alert_lines(snap: Snapshot, now: float, color: bool) -> list[str]:
     firing = [a for a in snap.alerts if a.get("state") == "firing"]
     pending = [a for a in snap.alerts if a.get("state") == "pending"]
     title = f"ALERTS  {len(firing)} firing, {len(pending)} pending"
-    lines = [_paint(title, "bold", color)]
+    lines = [paint(title, "bold", color)]
     for a in [*firing, *pending]:
         labels = dict(a.get("labels") or {})
         name = labels.pop("alertname", "?")
         labels.pop("severity", None)
         shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in _QUIET_LABELS)
         since = _rfc3339(str(a.get("activeAt", "")))
-        age = "" if since is None else f"  active {_age(now - since)}"
+        age = "" if since is None else f"  active {age_text(now - since)}"
         state = str(a.get("state", "")).upper()
-        tag = _paint(f"{state:<7}", "red" if state == "FIRING" else "yellow", color)
+        tag = paint(f"{state:<7}", "red" if state == "FIRING" else "yellow", color)
         lines.append(f"  {tag} {name}{{{shown}}}{age}")
     return lines
 
@@ -272,7 +223,7 @@ def _action_lines(snap: Snapshot, n: int, color: bool) -> list[str]:
     history = list(data.get("history") or [])[:n]
     paused = (data.get("paused") or {}).get("paused")
     title = f"ACTIONS  last {len(history)}" + ("  (PAUSED)" if paused else "")
-    lines = [_paint(title, "bold", color)]
+    lines = [paint(title, "bold", color)]
     rows: list[list[tuple[str, str | None]]] = []
     for h in history:
         trigger = str(h.get("trigger", ""))
@@ -281,7 +232,7 @@ def _action_lines(snap: Snapshot, n: int, color: bool) -> list[str]:
         outcome = str(h.get("outcome", ""))
         rows.append(
             [
-                ("  " + _clock(float(h.get("started_at", 0.0))), None),
+                ("  " + clock_text(float(h.get("started_at", 0.0))), None),
                 (str(h.get("action", "")), None),
                 (str(h.get("type", "")), "dim"),
                 (outcome, _OUTCOME_COLORS.get(outcome, "dim")),
@@ -289,7 +240,7 @@ def _action_lines(snap: Snapshot, n: int, color: bool) -> list[str]:
                 (str(h.get("reason", ""))[:60], "dim"),
             ]
         )
-    return lines + (_table(rows, color) if rows else ["  none yet"])
+    return lines + (table(rows, color) if rows else ["  none yet"])
 
 
 def _error_lines(snap: Snapshot, color: bool) -> list[str]:
@@ -306,15 +257,15 @@ def _error_lines(snap: Snapshot, color: bool) -> list[str]:
                 seen.setdefault(str(doc["lastError"]), []).append(kind)
         name = str(own.get("name") or t.get("labels", {}).get("instance", "?"))
         for error, kinds in seen.items():
-            lines.append(f"  {_paint(name, 'red', color)}  {', '.join(kinds)}: {error}")
+            lines.append(f"  {paint(name, 'red', color)}  {', '.join(kinds)}: {error}")
     return lines
 
 
 def render(snap: Snapshot, now: float, *, actions: int = 8, color: bool = False) -> str:
     """One frame of the table, from a snapshot and the current time (no I/O)."""
-    head = f"vllm-watchdog top  {snap.url}  {_clock(now)}Z"
-    parts = [_paint(head, "bold", color), ""]
-    parts += _table(_target_rows(snap, now), color) if snap.targets else ["no targets"]
+    head = f"vllm-watchdog top  {snap.url}  {clock_text(now)}Z"
+    parts = [paint(head, "bold", color), ""]
+    parts += table(_target_rows(snap, now), color) if snap.targets else ["no targets"]
     parts += _error_lines(snap, color)
     parts += ["", *_gateway_lines(snap, color), "", *_alert_lines(snap, now, color), ""]
     parts += _action_lines(snap, actions, color)
@@ -334,21 +285,26 @@ def run_top(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     frames: int | None = None,
+    fleet: bool = False,
 ) -> int:
     """Print one frame (`once`) or redraw every `interval` seconds until Ctrl-C (or `frames` frames); `plain`
-    (stdout is no terminal: a pipe, a log) prints each frame after the last, without screen escapes."""
+    (stdout is no terminal: a pipe, a log) prints each frame after the last, without screen escapes. `fleet`:
+    the watchdog's fleet group (topfleet.py) rather than the watchdog itself."""
     shown = 0
     with httpx.Client(timeout=5.0, trust_env=False) as client:
         while True:
             try:
-                frame = render(
-                    fetch(client, url, actions=actions, token=token), clock(), actions=actions, color=color
-                )
+                if fleet:
+                    frame = render_fleet(fetch_fleet(client, url, token=token), clock(), color=color)
+                else:
+                    snap = fetch(client, url, actions=actions, token=token)
+                    frame = render(snap, clock(), actions=actions, color=color)
             except TopError as exc:
                 if once:
                     print(f"vllm-watchdog top: {exc}", file=sys.stderr)
                     return EXIT_UNREACHABLE
-                frame = f"vllm-watchdog top  {url}  {_clock(clock())}Z\n\ncannot read the API: {exc}\n"
+                title = "vllm-watchdog top --fleet" if fleet else "vllm-watchdog top"
+                frame = f"{title}  {url}  {clock_text(clock())}Z\n\ncannot read the API: {exc}\n"
             if once or plain:  # one frame after another, as a log
                 out.write(("\n" if shown else "") + frame)
             else:

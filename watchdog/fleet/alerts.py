@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..notifiers.alert import OutgoingAlert
 from .config import FleetConfig
+from .correlated import Hold
 
 RESEND = 60.0  # as Prometheus' default resend delay
 VALID = 4 * RESEND  # a copy in Alertmanager outlives two missed resends
@@ -30,23 +31,53 @@ class FleetAlerts:
             "severity": "critical",
         }
         summary = f"{self.member} cannot rely on etcd: no disruptive action starts here: {reason}"
-        return self.hold((UNREACHABLE,), down, labels, summary, now)
+        return self.hold((UNREACHABLE,), down, labels, {"summary": summary}, now)
+
+    def correlated(self, holds: tuple[Hold, ...], now: float) -> list[OutgoingAlert]:
+        """One alert per held alertname, resolved once it no longer holds. Every member sends the same labels
+        (no `member`), so that Alertmanager shows one alert for the group."""
+        out: list[OutgoingAlert] = []
+        held = {(CORRELATED, h.alertname): h for h in holds}
+        for key in [k for k in self.firing if k[0] == CORRELATED and k not in held]:
+            out += self.hold(key, False, {}, {}, now)
+        for key, h in held.items():
+            labels = {
+                "alertname": CORRELATED,
+                "group": self.config.group,
+                "fault": h.alertname,
+                "severity": "critical",
+            }
+            summary = (
+                f"a correlated fault holds group {self.config.group}: {len(h.members)} of {h.live} live "
+                f"members fire {h.alertname}, more than correlated_share {h.share * 100:g}%; no disruptive "
+                "action starts in the group until fewer do"
+            )
+            annotations = {"summary": summary, "members": h.named()}
+            out += self.hold(key, True, labels, annotations, now)
+        return out
 
     def hold(
-        self, key: tuple[str, ...], active: bool, labels: dict[str, str], summary: str, now: float
+        self,
+        key: tuple[str, ...],
+        active: bool,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        now: float,
     ) -> list[OutgoingAlert]:
-        """One alert that fires while `active`: sent when it starts, resent every RESEND, resolved after."""
+        """One alert that fires while `active`: sent when it starts or its annotations change, resent every
+        RESEND, resolved after."""
         old = self.firing.get(key)
         if not active:
             self.last_sent.pop(key, None)
             if self.firing.pop(key, None) is None or old is None:
                 return []
             return [OutgoingAlert(old.labels, old.annotations, "resolved", old.starts_at, now, 0.0)]
-        if old is not None and 0 <= now - self.last_sent.get(key, now) < RESEND:
+        fresh = 0 <= now - self.last_sent.get(key, now) < RESEND
+        if old is not None and fresh and dict(old.annotations) == annotations:
             return []
         alert = OutgoingAlert(
             labels=labels,
-            annotations={"summary": summary},
+            annotations=annotations,
             state="firing",
             starts_at=old.starts_at if old else now,
             ends_at=now + VALID,

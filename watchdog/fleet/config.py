@@ -32,7 +32,7 @@ MAX_ENDPOINTS = 16
 @dataclass(frozen=True)
 class MaxDisrupted:
     """How many members of the group may run a disruptive action at once: a count, or a percentage of the
-    group's live members (rounded down, at least one)."""
+    group's live members, rounded down (fewer disruptions, where a Kubernetes PDB rounds up), at least one."""
 
     count: int | None = 1
     percent: float | None = None
@@ -58,7 +58,9 @@ class FleetConfig:
     lease_ttl: float = 10.0  # a dead watchdog's slots and membership vanish this long after its last renewal
     request_timeout: float = 2.0  # one etcd request on one endpoint
     slot_wait: float = 600.0  # how long a disruptive action waits for a slot before it is refused
-    correlated_share: float | None = 0.5  # more than this share firing one alert holds the group; None: off
+    correlated_share: float | None = (
+        0.5  # more than this share firing one alert holds the group (correlated.py)
+    )
     prefix: str = "/vllm-watchdog"
     http: HttpClientConfig = field(default_factory=HttpClientConfig)  # tls_config, basic_auth
 

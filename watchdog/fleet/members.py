@@ -30,11 +30,12 @@ async def read_members(client: EtcdClient, prefix: bytes) -> list[dict[str, Any]
     return sorted(out, key=lambda d: str(d.get("member")))
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A published value as one printable table cell, at most MAX_SHOWN characters."""
     if isinstance(value, Mapping):
-        text = ", ".join(f"{k}: {_cell(v)}" for k, v in sorted(value.items(), key=lambda kv: str(kv[0])))
+        text = ", ".join(f"{k}: {cell(v)}" for k, v in sorted(value.items(), key=lambda kv: str(kv[0])))
     elif isinstance(value, Sequence) and not isinstance(value, str):
-        text = ", ".join(_cell(v) for v in value)
+        text = ", ".join(cell(v) for v in value)
     else:
         text = str(value)
     text = "".join(c if c.isprintable() else "?" for c in text)
@@ -47,11 +48,11 @@ def format_members(group: str, members: Sequence[Mapping[str, Any]]) -> str:
     for m in members:
         rows.append(
             (
-                _cell(m.get("member", "?")),
-                _cell(m.get("targets", []) or "-"),
-                _cell(m.get("alerts", []) or "-"),
-                _cell(m.get("running", {}) or "-"),
-                _cell(m.get("waiting", {}) or "-"),
+                cell(m.get("member", "?")),
+                cell(m.get("targets", []) or "-"),
+                cell(m.get("alerts", []) or "-"),
+                cell(m.get("running", {}) or "-"),
+                cell(m.get("waiting", {}) or "-"),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -1,4 +1,5 @@
-"""Own metrics of the fleet: whether etcd can be relied on, who waits for or holds a slot, refusals."""
+"""Own metrics of the fleet: whether etcd can be relied on, who waits for or holds a slot, the correlated
+faults that hold the group, refusals by rail."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .budget import FleetBudget
+from .budget import RAIL, FleetBudget
+from .correlated import HOLD_RAIL
 
 
 def fleet_families(fleet: FleetBudget | None) -> Iterator[Metric]:
@@ -35,12 +37,23 @@ def fleet_families(fleet: FleetBudget | None) -> Iterator[Metric]:
         for target, (action, _) in sorted(found.items()):
             family.add_metric([group, target, action], 1)
         yield family
+    hold = GaugeMetricFamily(
+        "vllm_watchdog_fleet_hold",
+        "1 while more than correlated_share of the group's live members fire this disruptive alert: "
+        "disruptive actions are held group-wide.",
+        labels=["group", "alertname"],
+    )
+    for h in fleet.holds():
+        hold.add_metric([group, h.alertname], 1)
+    yield hold
     refusals = CounterMetricFamily(
         "vllm_watchdog_fleet_refusals",
-        "Disruptive actions refused on the fleet rail (etcd not reliable, or no slot within slot_wait).",
-        labels=["group"],
+        "Disruptive actions refused on a fleet rail: fleet (etcd not reliable, or no slot within slot_wait) "
+        "or fleet_hold (a correlated fault holds the group).",
+        labels=["group", "rail"],
     )
-    refusals.add_metric([group], fleet.refusals)
+    for rail in (RAIL, HOLD_RAIL):
+        refusals.add_metric([group, rail], fleet.refusals[rail])
     yield refusals
     lost = CounterMetricFamily(
         "vllm_watchdog_fleet_slots_lost",

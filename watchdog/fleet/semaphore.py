@@ -4,7 +4,8 @@ To take a slot a member writes `<prefix>/<group>/slots/<member>/<target>/<nonce>
 the key a create revision no other key has. The member holds a slot while its key is among the first N keys
 under `slots/` by create revision, N being `max_disrupted` of the live members (their keys under `members/`).
 One transaction reads, at one revision: the slot keys oldest first (names only, at most MAX_LINE), whether
-ours still exists, how many members are registered, and the oldest keys' values (to say who holds). Reads
+ours still exists, how many members are registered, the oldest keys' values (to say who holds) and what the
+group fires (correlated.py: while a correlated fault holds the group, the waiter is refused at once). Reads
 are linearizable and a key's create revision never changes, while every later key gets a higher one: a key
 among the first N stays there until it is deleted, so at any revision at most N keys hold a slot, whichever
 member asks and whatever etcd member answers, across leader changes. A waiter's key is deleted when it gives
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.durations import format_duration
+from .config import FleetConfig
+from .correlated import Hold, View, firing_request, members_count_request, parse_view
 from .etcd import EtcdError, b64, parse_range, range_request
 from .session import Session
 
@@ -55,11 +58,22 @@ class Standing:
     live: int
     limit: int
     holders: tuple[str, ...]  # "member/target (action)" of the oldest keys, at most SHOWN_HOLDERS
+    view: View  # what the group fires, at the same revision
 
     @property
     def holds(self) -> bool:
         """Whether the key is among the first `limit`."""
         return self.exists and self.rank <= self.limit
+
+
+@dataclass(frozen=True)
+class Waited:
+    """How a wait for a slot ended: held, or refused (why, and the correlated fault if that was the cause)."""
+
+    held: bool
+    why: str = ""
+    standing: Standing | None = None
+    hold: Hold | None = None
 
 
 def describe_holder(value: bytes) -> str:
@@ -76,7 +90,11 @@ class Semaphore:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.config = session.config
+
+    @property
+    def config(self) -> FleetConfig:
+        """The session's (a reload may change the budget's numbers)."""
+        return self.session.config
 
     @property
     def slots_prefix(self) -> bytes:
@@ -96,31 +114,33 @@ class Semaphore:
         """Where `slot` stands now (one linearizable transaction)."""
         ahead = range_request(self.slots_prefix, limit=MAX_LINE, by_create=True, keys_only=True)
         oldest = range_request(self.slots_prefix, limit=SHOWN_HOLDERS, by_create=True)
-        members = range_request(self.session.prefix + b"members/", count_only=True)
+        prefix = self.session.prefix
         revision, responses = await self.session.client.txn(
             [
                 {"request_range": ahead},
                 {"request_range": {"key": b64(slot.key)}},
-                {"request_range": members},
+                {"request_range": members_count_request(prefix)},
                 {"request_range": oldest},
+                {"request_range": firing_request(prefix)},
             ]
         )
         ranges = [parse_range(_range_of(r), revision) for r in responses]
-        if len(ranges) != 4:
-            raise EtcdError(f"a transaction of 4 reads answered {len(ranges)}")
+        if len(ranges) != 5:
+            raise EtcdError(f"a transaction of 5 reads answered {len(ranges)}")
         live = ranges[2].count
         limit = min(self.config.max_disrupted.limit(live), MAX_LINE)
         holders = tuple(describe_holder(kv.value) for kv in ranges[3].kvs[:limit])
         line = [kv.key for kv in ranges[0].kvs]
         rank = line.index(slot.key) + 1 if slot.key in line else MAX_LINE + 1
-        return Standing(revision, rank, bool(ranges[1].kvs), live, limit, holders)
+        view = parse_view(revision, ranges[2], ranges[4])
+        return Standing(revision, rank, bool(ranges[1].kvs), live, limit, holders, view)
 
-    async def acquire(self, slot: Slot, deadline: float) -> tuple[bool, str, Standing | None]:
-        """Wait until `slot` holds (True, "", its standing), or refuse (False, why, the last standing): at
-        `deadline` (monotonic), or once the key is gone (its lease expired). A slot is held only when read
-        from etcd while the session is sound; a read that fails in between (a leader election, an outage)
-        keeps the place in line: etcd keeps the key for as long as the lease lives, and a new leader renews
-        every lease. The key is deleted on refusal and cancel."""
+    async def acquire(self, slot: Slot, deadline: float) -> Waited:
+        """Wait until `slot` holds, or refuse: at `deadline` (monotonic), once the key is gone (its lease
+        expired), or at once while a correlated fault holds the group. A slot is held only when read from
+        etcd while the session is sound and no fault holds; a read that fails in between (a leader election,
+        an outage) keeps the place in line: etcd keeps the key for as long as the lease lives, and a new
+        leader renews every lease. The key is deleted on refusal and cancel."""
         s = self.session
         last: Standing | None = None
         held = False
@@ -128,21 +148,26 @@ class Semaphore:
         try:
             while True:
                 if s.generation != slot.generation:
-                    return False, "fleet: the lease expired while waiting for a slot", last
+                    return Waited(False, "fleet: the lease expired while waiting for a slot", last)
                 try:
                     last = await self.standing(slot)
                     problem = s.refusal()
                 except EtcdError as exc:
                     problem = f"fleet: etcd cannot be relied on: {exc}"
                 if last is not None and not problem:
+                    holds = last.view.holds(self.config.correlated_share)
+                    if holds:
+                        return Waited(False, holds[0].reason(self.config.group), last, holds[0])
                     if last.holds:
                         held = True
-                        return True, "", last
+                        return Waited(True, "", last)
                     if not last.exists:
-                        return False, "fleet: the slot key vanished (its lease expired) while waiting", last
+                        return Waited(
+                            False, "fleet: the slot key vanished (its lease expired) while waiting", last
+                        )
                 remaining = deadline - s.monotonic()
                 if remaining <= 0:
-                    return False, problem or self._timed_out(last), last
+                    return Waited(False, problem or self._timed_out(last), last)
                 began = s.monotonic()
                 wait = min(remaining, s.interval)
                 if problem:

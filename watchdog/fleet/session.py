@@ -1,5 +1,6 @@
 """This watchdog's membership of its group: a lease in etcd, renewed every third of its TTL, under which its
-member key and its slots live. When the watchdog dies the lease expires and etcd deletes them.
+member key, its firing key (the disruptive alerts it fires, correlated.py) and its slots live. When the
+watchdog dies the lease expires and etcd deletes them.
 
 The session also decides whether etcd is reachable enough to start a disruptive action: only while the last
 renewal that succeeded was sent less than a third of the TTL plus two request timeouts ago, and the last
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 from ..config.durations import format_duration
 from .config import FleetConfig
-from .etcd import EtcdClient, EtcdError
+from .correlated import FIRING, encode_firing
+from .etcd import EtcdClient, EtcdError, b64
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,9 @@ class Session:
         self.problem = "not joined yet"
         self.unhealthy_since: float | None = options.monotonic()
         self.details: dict[str, object] = {}  # published in the member key
+        self.firing: tuple[str, ...] = ()  # published in the firing key (none while empty)
         self._changed = asyncio.Event()
+        self._writing = asyncio.Lock()
         self._stopped = False
 
     @property
@@ -61,6 +65,16 @@ class Session:
     def member_key(self) -> bytes:
         """This member's registration."""
         return self.prefix + b"members/" + self.member.encode()
+
+    @property
+    def firing_key(self) -> bytes:
+        """The disruptive alerts this member fires (correlated.py)."""
+        return self.prefix + FIRING + self.member.encode()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether aclose() was called."""
+        return self._stopped
 
     @property
     def interval(self) -> float:
@@ -100,6 +114,41 @@ class Session:
             self.details = details
             self._changed.set()
 
+    def publish_firing(self, names: tuple[str, ...]) -> None:
+        """The disruptive alerts this member fires now, written at the next renewal (or flush)."""
+        if names != self.firing:
+            self.firing = names
+            self._changed.set()
+
+    async def flush(self) -> None:
+        """Write what changed now rather than at the next renewal (a no-op without a lease). EtcdError if etcd
+        refuses or is gone."""
+        if self.lease and self._changed.is_set():
+            await self._write()
+
+    async def _write(self) -> None:
+        """The member key and the firing key (deleted while nothing fires), in one transaction."""
+        async with self._writing:
+            self._changed.clear()
+            lease = str(self.lease)
+            firing: dict[str, object] = (
+                {
+                    "request_put": {
+                        "key": b64(self.firing_key),
+                        "value": b64(encode_firing(self.firing)),
+                        "lease": lease,
+                    }
+                }
+                if self.firing
+                else {"request_delete_range": {"key": b64(self.firing_key)}}
+            )
+            member = {"key": b64(self.member_key), "value": b64(self._value()), "lease": lease}
+            try:
+                await self.client.txn([{"request_put": member}, firing])
+            except EtcdError:
+                self._changed.set()
+                raise
+
     async def step(self) -> None:
         """One renewal: grant a lease and register if there is none, else renew it (and register again when
         what is published changed). Failures are recorded, never raised."""
@@ -118,8 +167,7 @@ class Session:
                 self.generation += 1
                 self._changed.set()
             if self._changed.is_set():
-                await self.client.put(self.member_key, self._value(), self.lease)
-                self._changed.clear()
+                await self._write()
         except EtcdError as exc:
             self._failed(str(exc))
             return
