@@ -7,8 +7,9 @@ scrape counters). The feed writes the same series in-process, so one rule file s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ..store import Exposure, SampleStore, Series, SeriesCache
@@ -21,6 +22,23 @@ PREFIX = "vllm_watchdog_"
 _WRITTEN_ELSEWHERE = frozenset(
     [*(name for pair in PROBE_SERIES.values() for name in pair), *STATE_SERIES.values()]
 )
+
+
+Want = Callable[[str], bool]
+"""Whether a family (by its name, without `_total`) is wanted."""
+
+
+def everything(name: str) -> bool:
+    """The `Want` of a scrape of /metrics: every family."""
+    return True
+
+
+class OwnCollector(Collector):
+    """A collector that can build only some of its families: the feed asks for those the rules read."""
+
+    def collect(self, want: Want = everything) -> Iterable[Metric]:
+        """Build the families `want` names (all of them for /metrics)."""
+        raise NotImplementedError
 
 
 class SelfFeed:
@@ -38,15 +56,24 @@ class SelfFeed:
         self.wanted = wanted
         self.exposure = Exposure(store)
         self._series = SeriesCache(store)
+        self._wanted: frozenset[str] | None = None
+        self._want: Want = everything
 
     def commit(self, t_ms: int) -> int:
         """Collect the own families once and store their samples at t_ms; returns how many were stored."""
         wanted = self.wanted()
         if wanted is not None and not any(_own(name) for name in wanted):
             return 0
+        if wanted is not self._wanted:
+            self._wanted, self._want = (
+                wanted,
+                everything if wanted is None else _families(wanted).__contains__,
+            )
+        want = self._want
         batch: list[tuple[Series, float, int]] = []
         for collector in self.collectors:
-            for family in collector.collect():
+            families = collector.collect(want) if isinstance(collector, OwnCollector) else collector.collect()
+            for family in families:
                 for sample in family.samples:
                     if not _own(sample.name) or (wanted is not None and sample.name not in wanted):
                         continue
@@ -56,6 +83,11 @@ class SelfFeed:
         if len(self._series) > 4 * max(len(batch), 64):  # actions and notifiers come and go with reloads
             self._series.clear()
         return len(batch)
+
+
+def _families(names: frozenset[str]) -> frozenset[str]:
+    """The families whose samples these are: a counter's samples add `_total` to its name."""
+    return names | {name.removesuffix("_total") for name in names}
 
 
 def _own(name: str) -> bool:
