@@ -138,7 +138,7 @@ class WatchdogCollector(OwnCollector):
                 labels=labels,
             )
             for rt in m.targets.values():
-                info.add_metric([rt.config.job, rt.config.instance, rt.config.name], 1)
+                info.add_metric([rt.scrape.job, rt.scrape.instance, rt.config.name], 1)
             yield info
         # Each family with what it reads of a scraper's status, built only if wanted.
         per_scraper: list[
@@ -170,7 +170,7 @@ class WatchdogCollector(OwnCollector):
         if not fams:
             return
         for rt in m.targets.values():
-            key = [rt.config.job, rt.config.instance, rt.config.name]
+            key = [rt.scrape.job, rt.scrape.instance, rt.config.name]  # the config's instance parses the URL
             h = rt.health.status
             if h.ok is not None:
                 _add(fams, "vllm_watchdog_health_up", key, 1 if h.ok else 0)
