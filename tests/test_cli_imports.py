@@ -48,7 +48,7 @@ NEVER = (
     "requests",
     "prometheus_client",
     "prometheus_api_client",
-    "apscheduler",
+    "vllm_watchdog.service.schedule",
     "docker",
     "matplotlib",
 )
@@ -79,7 +79,6 @@ GATEWAY_NEVER = (
     "httpx",
     "yaml",
     "prometheus_client",
-    "apscheduler",
     "docker",
 )
 

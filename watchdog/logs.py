@@ -151,11 +151,8 @@ def setup(level: str = "info", stream: TextIO | None = None, fmt: str = "auto") 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "apscheduler", "uvicorn.access"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # A line per skipped or late run of a job (the schedule logs when that starts and stops, and counts it
-    # in vllm_watchdog_missed_deadlines_total).
-    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
 
 
 MAX_CHANGES = 4  # "changed" lines per episode: an error that flips between a few texts is not news each time

@@ -17,7 +17,7 @@ from vllm_watchdog.promql.columns import Selections, range_function, window
 from vllm_watchdog.promql.engine import Engine
 from vllm_watchdog.promql.rangefuncs import COLUMN_FUNCTIONS, RANGE_FUNCTIONS
 from vllm_watchdog.promql.selectors import parse_selector
-from vllm_watchdog.promql.values import Matrix, QueryError, Scalar, String, Vector
+from vllm_watchdog.promql.values import Matrix, QueryError, Sample, Scalar, String, Vector
 from vllm_watchdog.store import STALE_NAN, SampleStore, Series, make_labels
 
 SPECIAL = (0.0, -0.0, 1.0, 2.0, 5.0, -1.0, math.inf, -math.inf, math.nan, STALE_NAN)
@@ -32,6 +32,11 @@ EXPRS = [
     "histogram_quantile(0.9, sum by (le) (rate(c[30s])))",
     "c",
     "count(c)",
+    # over empty selections these are given again from the first evaluation over nothing
+    'absent(c{job="a", le="1"})',
+    'absent_over_time(c{le="2"}[10s])',
+    'sum(rate(c{job="b"}[20s])) or vector(3)',
+    "count(nothing) or on() vector(2)",
 ]
 
 
@@ -142,3 +147,22 @@ def test_window_starts_are_checked_on_use() -> None:
     assert rate_at(12_000) == 0.7  # an earlier time: the window starts at the first sample left (9 s)
     assert selection.starts((5000, 0)) == [0]
     assert selections.select(parse_selector("c")) is selection
+
+
+def test_a_result_over_nothing_is_kept_only_while_it_reads_no_series_and_not_the_time() -> None:
+    store = SampleStore(retention=600.0)
+    engine = Engine(store)
+    assert answer(engine, 'absent(up{job="x"})', 100.0) == [((("job", "x"),), bits(1.0))]
+    assert answer(engine, 'absent(up{job="x"})', 200.0) == [((("job", "x"),), bits(1.0))]
+    assert engine.query('absent(up{job="x"})', 200.0) == Vector([Sample((("job", "x"),), 1.0, 200_000)])
+    store.append(make_labels("up", {"job": "x"}), 250_000, 1.0)  # a series appears: evaluated again
+    assert answer(engine, 'absent(up{job="x"})', 260.0) == []
+    # These read the time: over nothing too, each time gives its own answer.
+    for expr, at, later in (
+        ("vector(time())", 100.0, 101.0),
+        ("timestamp(vector(1))", 100.0, 101.0),
+        ("minute()", 100.0, 160.0),
+        ("count_over_time(vector(1)[3m:1m])", 120.0, 121.0),
+        ("absent(nothing) * time()", 100.0, 101.0),
+    ):
+        assert answer(engine, expr, at) != answer(engine, expr, later), expr

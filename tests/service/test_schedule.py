@@ -1,27 +1,229 @@
-"""The schedule's log: a job that keeps skipping runs (a scrape of a hung target) is one line, not one a tick."""
+"""The schedule on an injected clock: offsets, no drift, no overlapping runs, missed deadlines, replace, shutdown.
+
+Time is the test's (tests/support/clock.py): the schedule sleeps on `clock.sleep` and `await clock.run(s)` lets
+seconds pass, so minutes of schedule play in milliseconds and every count is exact.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobEvent
 
-from tests.support.clock import Clock
-from vllm_watchdog.service.schedule import Schedule
+from tests.support.clock import T0, Clock
+from vllm_watchdog.service.schedule import Schedule, _offset
 from vllm_watchdog.service.selfmetrics import DaemonCounters
 
+pytestmark = pytest.mark.anyio
+Fn = Callable[[float], Awaitable[None]]
 
-def test_skipped_runs_log_once_and_count_each(caplog: pytest.LogCaptureFixture) -> None:
+
+@pytest.fixture
+async def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def schedule(clock: Clock) -> AsyncIterator[Schedule]:
+    s = Schedule(DaemonCounters(), clock, clock.monotonic, sleep=clock.sleep)
+    yield s
+    await s.cancel_running(1.0)
+
+
+def recorder(calls: list[float], clock: Clock, takes: float = 0.0) -> Fn:
+    """A job that notes the wall time it was handed and then runs for `takes` seconds of the test's time."""
+
+    async def fn(now: float) -> None:
+        calls.append(now)
+        if takes:
+            await clock.sleep(takes)
+
+    return fn
+
+
+async def test_jobs_start_at_their_stable_offset_and_keep_their_interval_without_drift(
+    clock: Clock, schedule: Schedule
+) -> None:
+    a: list[float] = []
+    b: list[float] = []
+    schedule.replace([("scrape:a", recorder(a, clock), 1.0), ("eval:g", recorder(b, clock), 2.5)])
+    schedule.start()
+    assert schedule.running
+    await clock.run(60.0)
+    first_a, first_b = T0 + _offset("scrape:a", 1.0), T0 + _offset("eval:g", 2.5)
+    assert _offset("scrape:a", 1.0) != _offset("eval:g", 2.5)  # spread, not all at once
+    assert a == pytest.approx([first_a + k for k in range(len(a))])
+    assert b == pytest.approx([first_b + 2.5 * k for k in range(len(b))])
+    assert len(a) in (59, 60) and len(b) in (23, 24)
+    assert schedule.counters.missed_deadlines == {}
+
+
+async def test_a_run_that_outlasts_its_interval_never_overlaps_and_each_skip_counts(
+    clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="vllm_watchdog.service.schedule")
-    clock = Clock()
-    counters = DaemonCounters()
-    schedule = Schedule(counters, clock, clock)
-    for _ in range(120):  # two minutes of 1 s scrapes that each outlast their interval
-        schedule._on_missed(JobEvent(EVENT_JOB_MAX_INSTANCES, "scrape:dead", "default"))
-        clock.advance(1.0)
-    assert [r.getMessage() for r in caplog.records] == [
-        "job skipped a run: its previous run outlasted its interval"
-    ]
+    in_flight = 0
+    most = 0
+    takes = [2.5] * 40 + [0.1] * 100  # two minutes of runs that outlast 1 s (one every 3 s), then quick ones
+
+    async def scrape(now: float) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await clock.sleep(takes.pop(0))
+        in_flight -= 1
+
+    schedule.replace([("scrape:dead", scrape, 1.0)])
+    schedule.start()
+    await clock.run(120.0 + _offset("scrape:dead", 1.0))
+    assert most == 1
+    assert schedule.counters.missed_deadlines == {"scrape": 40 * 2}  # each run of 2.5 s skips 2 due times
+    await clock.run(10.0)
+    assert schedule.counters.missed_deadlines == {"scrape": 40 * 2}
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["job skipped a run: its previous run outlasted its interval", "job back on schedule"]
     assert caplog.records[0].__dict__["job"] == "scrape:dead"
-    assert counters.missed_deadlines == {"scrape": 120}
+
+
+async def test_due_times_the_loop_slept_through_count_as_missed_and_run_once(
+    clock: Clock, schedule: Schedule
+) -> None:
+    runs: list[float] = []
+    schedule.replace([("scrape:x", recorder(runs, clock), 1.0)])
+    schedule.start()
+    await clock.run(10.0)
+    assert len(runs) == 10
+    due = schedule.due_times()["scrape:x"]
+    clock.advance(due - clock.monotonic() + 2.5)  # the loop is held past 3 due times
+    await clock.run(0.0)
+    assert len(runs) == 11 and runs[-1] == pytest.approx(runs[-2] + 3.5)  # one run, at once, for the newest
+    assert schedule.counters.missed_deadlines == {"scrape": 2}
+    await clock.run(10.0)
+    assert len(runs) == 21 and runs[-1] - runs[-2] == pytest.approx(1.0)
+    assert schedule.counters.missed_deadlines == {"scrape": 2}
+
+
+async def test_a_run_later_than_its_grace_is_skipped(clock: Clock, schedule: Schedule) -> None:
+    runs: list[float] = []
+    # The 1.4 s job's grace is 1 s (its interval, rounded): held 1.2 s past a due time, it skips that run.
+    schedule.replace([("probe:x", recorder(runs, clock), 1.4)])
+    schedule.start()
+    await clock.run(5.0)
+    ran = len(runs)
+    due = schedule.due_times()["probe:x"]
+    clock.advance(due - clock.monotonic() + 1.2)
+    await clock.run(0.0)
+    assert len(runs) == ran and schedule.counters.missed_deadlines == {"probe": 1}
+    due = schedule.due_times()["probe:x"]
+    clock.advance(due - clock.monotonic() + 0.9)  # held 0.9 s past the next one: within its grace, it runs
+    await clock.run(0.0)
+    assert len(runs) == ran + 1 and schedule.counters.missed_deadlines == {"probe": 1}
+
+
+async def test_a_failing_job_is_logged_and_keeps_its_schedule(
+    clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[float] = []
+
+    async def broken(now: float) -> None:
+        calls.append(now)
+        raise RuntimeError("bug")
+
+    schedule.replace([("notify", broken, 1.0)])
+    schedule.start()
+    before = schedule.last_progress
+    await clock.run(5.0)
+    assert len(calls) == 5
+    assert schedule.last_progress > before  # a failed run is progress: the schedule itself is alive
+    failed = [r for r in caplog.records if r.getMessage() == "job failed"]
+    assert len(failed) == 5 and failed[0].exc_info is not None
+
+
+async def test_replace_lets_a_run_in_flight_finish_and_its_successor_waits_for_it(
+    clock: Clock, schedule: Schedule
+) -> None:
+    old: list[float] = []
+    other: list[float] = []
+    new: list[float] = []
+    in_flight = 0
+    most = 0
+
+    async def long_scrape(now: float) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        old.append(now)
+        await clock.sleep(4.0)
+        in_flight -= 1
+
+    async def new_scrape(now: float) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        new.append(now)
+        in_flight -= 1
+
+    schedule.replace([("scrape:a", long_scrape, 1.0), ("canary:a", recorder(other, clock), 1.0)])
+    schedule.start()
+    await clock.run(_offset("scrape:a", 1.0) + 0.5)
+    assert len(old) == 1 and in_flight == 1
+    old_ends = clock.monotonic() - 0.5 + 4.0
+    schedule.replace([("scrape:a", new_scrape, 1.0)])
+    first = schedule.due_times()["scrape:a"]
+    skipped = math.ceil(old_ends - first)  # the new job's due times before the old run ends
+    assert skipped >= 3
+    await clock.run(10.0)
+    assert most == 1 and len(old) == 1  # the old run finished, the old job ran no more
+    assert schedule.counters.missed_deadlines == {"scrape": skipped}
+    assert new[0] == pytest.approx(first + skipped - clock.monotonic() + clock())
+    canary_runs = len(other)
+    await clock.run(5.0)
+    assert len(other) == canary_runs  # dropped by the replace
+
+
+async def test_shutdown_runs_no_more_and_cancel_running_ends_runs_in_flight(
+    clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
+) -> None:
+    quick: list[float] = []
+    hung: list[float] = []
+    cancelled = asyncio.Event()
+
+    async def hangs(now: float) -> None:
+        hung.append(now)
+        try:
+            await clock.sleep(3600.0)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    schedule.replace([("scrape:hung", hangs, 1.0), ("gc", recorder(quick, clock), 1.0)])
+    schedule.start()
+    await clock.run(2.0)
+    runs = len(quick)
+    assert runs >= 1 and len(hung) == 1
+    schedule.shutdown()
+    assert not schedule.running
+    await clock.run(5.0)
+    assert len(quick) == runs and not cancelled.is_set()  # no new runs; the one in flight goes on
+    await schedule.cancel_running(5.0)
+    assert cancelled.is_set()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # expected: no traceback
+    assert schedule.counters.missed_deadlines == {}
+
+
+async def test_jobs_wait_on_the_monotonic_clock_and_are_handed_the_wall_time(
+    clock: Clock, schedule: Schedule
+) -> None:
+    runs: list[float] = []
+    schedule.replace([("self", recorder(runs, clock), 1.0)])
+    schedule.start()
+    await clock.run(3.0)
+    assert len(runs) == 3
+    clock.jump(-7200.0)  # the wall clock goes back 2 h: the schedule goes on
+    await clock.run(3.0)
+    assert len(runs) == 6
+    assert runs[3] == pytest.approx(runs[2] + 1.0 - 7200.0)
+    assert schedule.counters.missed_deadlines == {}

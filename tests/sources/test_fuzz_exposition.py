@@ -14,8 +14,8 @@ What it covers:
 * Garbage: arbitrary bytes (decoded as UTF-8 with replacement and as Latin-1), random text over an alphabet of
   the format's own characters, and line- and character-level mutations of generated payloads and of the real
   vLLM fixture. The only exception allowed is ExpositionError; its line is the first bad line (every line
-  before it parses, the text up to it fails at it), and the scraper's hot path (iter_samples, parse_series on
-  a cache miss, find_line for the line) agrees with parse() on the samples or the error line.
+  before it parses, the text up to it fails at it), and the scraper's hot path (scan, parse_series on a cache
+  miss) agrees with parse() on the samples or the error line.
 
 What it excludes from the differential, each a documented difference (see vllm_watchdog.sources.exposition):
 
@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Timestamp
 
 from tests.support.fuzzing import fuzz
-from vllm_watchdog.sources.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
+from vllm_watchdog.sources.exposition import ExpositionError, iter_samples, parse, parse_series, scan
 
 FIXTURE = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-metrics.txt").read_text(encoding="utf-8")
 
@@ -208,6 +208,36 @@ def test_structured_text_matches_library(case: tuple[str, frozenset[str]]) -> No
     assert len(got) == sum(1 for _ in iter_samples(text))
 
 
+@fuzz(1)
+@given(
+    payload(), st.integers(-(2**40), 2**41), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 3)
+)
+def test_scan_keeps_in_order_what_the_scraper_keeps(
+    case: tuple[str, frozenset[str]], t_ms: int, behind: int, ahead: int, parity: int
+) -> None:
+    """scan against iter_samples and parse_series: the handles it skips, the timestamps out of bounds it
+    counts (skipped series' too), body order (a series twice: the store takes them in that order)."""
+    text = case[0]
+    lowest, highest = t_ms - behind, t_ms + ahead
+    skip = ("", {})
+
+    def handle(raw: str) -> tuple[str, dict[str, str]]:
+        name, labels = parse_series(raw)
+        return skip if len(name) % 4 == parity else (name, labels)
+
+    want, count, dropped = [], 0, 0
+    for raw, value, ts in iter_samples(text):
+        count += 1
+        name_labels = handle(raw)
+        if ts is not None and not lowest <= ts <= highest:
+            dropped += 1
+        elif name_labels is not skip:
+            want.append((name_labels, _value_key(value), t_ms if ts is None else ts))
+    batch, got_count, got_dropped = scan(text, {}, handle, skip, t_ms, lowest, highest)
+    assert [(h, _value_key(v), ts) for h, v, ts in batch] == want
+    assert (got_count, got_dropped) == (count, dropped)
+
+
 # --- text rendered by prometheus_client -----------------------------------------------------------------------
 
 _REG_LABELS = st.lists(_LABEL_NAME, max_size=3, unique=True)
@@ -278,19 +308,14 @@ def test_rendered_registry_matches_library(text: str) -> None:
 
 
 def hot_path(text: str) -> list[tuple[str, dict[str, str], float, int | None]] | int:
-    """What the scraper does: iter_samples, parse_series on a raw-text cache miss, find_line on an error."""
-    cache: dict[str, tuple[str, dict[str, str]]] = {}
-    out = []
-    raw = ""
+    """What the scraper does: scan, with parse_series on a raw-text cache miss; the error's line."""
+    none = -(2**63) - 1  # a timestamp no sample can carry: stands for "no timestamp"
     try:
-        for raw, value, ts in iter_samples(text):
-            if raw not in cache:
-                cache[raw] = parse_series(raw)
-            name, labels = cache[raw]
-            out.append((name, dict(labels), value, ts))
+        batch, count, dropped = scan(text, {}, parse_series, ("", {}), none, -(2**63), 2**63 - 1)
     except ExpositionError as exc:
-        return exc.line or find_line(text, raw)
-    return out
+        return exc.line
+    assert count == len(batch) and dropped == 0
+    return [(name, dict(labels), value, None if ts == none else ts) for (name, labels), value, ts in batch]
 
 
 def _same_samples(a: list[tuple[str, dict[str, str], float, int | None]], b: object) -> bool:

@@ -15,7 +15,7 @@ from tests.service.test_daemon import PAYLOAD, daemon_config, wait_for
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
-from vllm_watchdog.sources.selffeed import SelfFeed
+from vllm_watchdog.sources.selffeed import OwnCollector, SelfFeed, Want
 from vllm_watchdog.store import SampleStore, labels_dict
 
 
@@ -85,6 +85,28 @@ def test_only_what_rules_read_is_written_and_vanished_series_go_stale() -> None:
     assert feed.commit(3_000) == 0
 
 
+class Asked(OwnCollector):
+    """Builds only the families it is asked for, and notes which those were."""
+
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    def collect(self, want: Want = lambda name: True) -> Iterator[Metric]:
+        for family in own_families(["am-0"]):
+            if want(family.name):
+                self.built.append(family.name)
+                yield family
+
+
+def test_own_collectors_are_asked_only_for_the_families_rules_read() -> None:
+    store, asked = SampleStore(retention=600), Asked()
+    wanted = frozenset({"vllm_watchdog_scrapes_total", "up"})  # a counter's samples end in _total
+    feed = SelfFeed(store, [asked], "h:1", lambda: wanted)
+    assert feed.commit(1_000) == 1
+    assert asked.built == ["vllm_watchdog_scrapes"]
+    assert list(stored(store, "vllm_watchdog_scrapes_total").values()) == [[7.0]]
+
+
 pytestmark = pytest.mark.anyio
 
 RULES = """
@@ -123,7 +145,10 @@ async def test_in_process_rules_see_the_watchdogs_own_metrics(tmp_path: Path, fa
             scraped = by_name["ScrapedVllm"]
             hostport = fault.url.removeprefix("http://")  # Prometheus' instance of the scrape, and the name
             assert (scraped["job"], scraped["instance"], scraped["target"]) == ("vllm", hostport, "vllm-0")
-            # only the families the rules read are stored
+            # only the families the rules read are built and stored
+            want = {"vllm_watchdog_config_last_reload_successful", "vllm_watchdog_scrapes"}.__contains__
+            built = {family.name for c in d.self_feed.collectors for family in c.collect(want)}
+            assert built == {"vllm_watchdog_config_last_reload_successful", "vllm_watchdog_scrapes"}
             series = await client.get(
                 base + "/api/v1/samples", params={"match": "vllm_watchdog_store_series"}
             )

@@ -5,24 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ..fleet.metrics import fleet_families
+from ..sources.selffeed import OwnCollector, Want, everything
 from .auditlog import OUTCOMES
 from .plane import ActionPlane
 
 
-class ActionCollector(Collector):
+class ActionCollector(OwnCollector):
     """Families built from the action plane's live state at scrape time."""
 
     def __init__(self, plane: ActionPlane) -> None:
         self.plane = plane
 
-    def collect(self) -> Iterator[Metric]:
-        """Build every family."""
+    def collect(self, want: Want = everything) -> Iterator[Metric]:
+        """Build every family (only those `want` names, for the self feed)."""
+        if want("vllm_watchdog_actions"):
+            yield self._outcomes()
+        if want("vllm_watchdog_action_budget_remaining"):
+            yield self._budgets()
+        yield from self._state(want)
+
+    def _outcomes(self) -> Metric:
         p = self.plane
-        r = p.remediator
-        now = p.clock()
         total = CounterMetricFamily(
             "vllm_watchdog_actions",
             "Actions by outcome (succeeded, failed, rolled_back, skipped, would_do, refused).",
@@ -30,9 +35,13 @@ class ActionCollector(Collector):
         )
         # Every configured action and target by every outcome from 0, so the first action is an increase.
         known = {(a, t.name, o): 0 for a in p.config.actions for t in p.config.targets for o in OUTCOMES}
-        for (action, target, outcome), n in sorted((known | r.audit.counts).items()):
+        for (action, target, outcome), n in sorted((known | p.remediator.audit.counts).items()):
             total.add_metric([action, target, outcome], n)
-        yield total
+        return total
+
+    def _budgets(self) -> Metric:
+        p = self.plane
+        now = p.clock()
         budget = GaugeMetricFamily(
             "vllm_watchdog_action_budget_remaining",
             "Actions left in the current max_per_window.",
@@ -40,35 +49,52 @@ class ActionCollector(Collector):
         )
         for a in p.config.actions.values():
             for t in p.config.targets:
-                left = r.rails.budget_left(a, t.name, now)
+                left = p.remediator.rails.budget_left(a, t.name, now)
                 if left is not None:
                     budget.add_metric([a.name, t.name], left)
-        yield budget
-        running = GaugeMetricFamily(
-            "vllm_watchdog_action_running",
-            "1 while an action runs on the target.",
-            labels=["target", "action"],
-        )
-        for target, job in sorted(r.current.items()):
-            running.add_metric([target, job.action.name], 1)
-        yield running
-        drained = GaugeMetricFamily(
-            "vllm_watchdog_drained", "1 while the target is drained for an action.", labels=["target"]
-        )
-        for target in sorted(p.store.drains()):
-            drained.add_metric([target], 1)
-        yield drained
-        yield GaugeMetricFamily(
-            "vllm_watchdog_paused", "1 in maintenance mode (no actions).", value=int(p.store.paused()[0])
-        )
-        yield from _gateway_families(p)
-        yield GaugeMetricFamily(
-            "vllm_watchdog_dry_run",
-            "1 when every action only logs what it would do.",
-            value=int(p.config.dry_run),
-        )
-        yield from _notifier_families(p)
-        yield from fleet_families(p.fleet)
+        return budget
+
+    def _state(self, want: Want) -> Iterator[Metric]:
+        p = self.plane
+        if want("vllm_watchdog_action_running"):
+            running = GaugeMetricFamily(
+                "vllm_watchdog_action_running",
+                "1 while an action runs on the target.",
+                labels=["target", "action"],
+            )
+            for target, job in sorted(p.remediator.current.items()):
+                running.add_metric([target, job.action.name], 1)
+            yield running
+        if want("vllm_watchdog_drained"):  # the state database is read only for a family that is wanted
+            drained = GaugeMetricFamily(
+                "vllm_watchdog_drained", "1 while the target is drained for an action.", labels=["target"]
+            )
+            for target in sorted(p.store.drains()):
+                drained.add_metric([target], 1)
+            yield drained
+        if want("vllm_watchdog_paused"):
+            yield GaugeMetricFamily(
+                "vllm_watchdog_paused", "1 in maintenance mode (no actions).", value=int(p.store.paused()[0])
+            )
+        yield from (family for family in _gateway_families(p) if want(family.name))
+        if want("vllm_watchdog_dry_run"):
+            yield GaugeMetricFamily(
+                "vllm_watchdog_dry_run",
+                "1 when every action only logs what it would do.",
+                value=int(p.config.dry_run),
+            )
+        if any(want(name) for name in _NOTIFIER_FAMILIES):
+            yield from (family for family in _notifier_families(p) if want(family.name))
+        yield from (family for family in fleet_families(p.fleet) if want(family.name))
+
+
+_NOTIFIER_FAMILIES = (
+    "vllm_watchdog_notifications_queued",
+    "vllm_watchdog_notifications_sent",
+    "vllm_watchdog_notifications_failed",
+    "vllm_watchdog_notification_retries",
+    "vllm_watchdog_notifications_dropped",
+)
 
 
 def _notifier_families(p: ActionPlane) -> Iterator[Metric]:

@@ -13,7 +13,24 @@ from .aggregations import aggregate
 from .binops import Vec, check_unique, drop_name
 from .calls import eval_call
 from .columns import Selections, Window, range_function, window
-from .compile import Agg, At, Binary, Neg, Node, Num, Paren, RangeSel, Sel, Str, Subquery, compile_plan
+from .compile import (
+    DATE_FUNCTIONS,
+    Agg,
+    At,
+    Binary,
+    Call,
+    Neg,
+    Node,
+    Num,
+    Paren,
+    RangeSel,
+    Sel,
+    Str,
+    Subquery,
+    children,
+    compile_plan,
+)
+from .selectors import Selector
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
 
 Mat = list[Window]
@@ -28,6 +45,28 @@ def _no_tick() -> None:
 def _plan(text: str) -> Node:
     # Plans are immutable, and the selectors in them key the Selections kept across queries.
     return compile_plan(text)
+
+
+# Calls that read the evaluation time itself: over empty selections their result still changes with it.
+_TIME_CALLS = DATE_FUNCTIONS | {"time", "timestamp"}
+_MAX_OVER_NOTHING = 1024
+
+
+@lru_cache(maxsize=1024)
+def _time_free_selectors(text: str) -> tuple[Selector, ...] | None:
+    """The selectors of an expression whose result is the same at every time while none of them selects a
+    series; None if the expression reads the time (time(), timestamp(), the date functions) or holds a
+    subquery (its steps fall at times of their own, so how many fall in its range changes)."""
+    selectors: list[Selector] = []
+    stack = [_plan(text)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Subquery) or (isinstance(node, Call) and node.name in _TIME_CALLS):
+            return None
+        if isinstance(node, Sel):
+            selectors.append(node.selector)
+        stack.extend(children(node))
+    return tuple(selectors)
 
 
 class Evaluator:
@@ -72,7 +111,11 @@ class Evaluator:
         out = []
         for s in self.series(sel):
             ts = s.ts
-            i = bisect_right(ts, ref) - 1
+            i = len(ts) - 1
+            if i < 0:
+                continue
+            if ts[i] > ref:  # usually the newest sample is the one: no search
+                i = bisect_right(ts, ref) - 1
             if i < 0 or ts[i] < floor:
                 continue
             v = s.vals[i]
@@ -215,22 +258,29 @@ class Engine:
         self.lookback_ms = to_ms(lookback)
         self.default_step_ms = max(1, to_ms(default_step))
         self.selections = Selections(store)
+        self._over_nothing: dict[str, Result] = {}  # expression -> its result while it selects nothing
 
     def _evaluator(self, start_ms: int, end_ms: int, tick: Callable[[], None] | None) -> Evaluator:
         return Evaluator(self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms, tick)
 
     def query(self, expr: str, at: float, *, tick: Callable[[], None] | None = None) -> Value:
-        """Evaluate an instant query at unix seconds `at`; `tick` may raise to abandon a long subquery."""
+        """Evaluate an instant query at unix seconds `at`; `tick` may raise to abandon a long subquery.
+
+        While none of its selectors selects a series, an expression that does not read the time gives the
+        same result at every time: the one of the first evaluation over nothing is kept and given again (a
+        GPU rule without GPU metrics, a gateway rule without a gateway), never across a series appearing.
+        """
         plan = _plan(expr)
         t = to_ms(at)
-        result = self._evaluator(t, t, tick).eval(plan, t)
-        if isinstance(result, float):
-            return Scalar(result, t)
-        if isinstance(result, str):
-            return String(result, t)
-        if plan.kind == "matrix":
-            return Matrix(RangeSeries(w.labels, w.ts, w.vals) for w in result)  # type: ignore[union-attr]
-        return Vector(Sample(labels, v, t) for labels, v in Evaluator.as_vector(result))
+        selectors = _time_free_selectors(expr)
+        if selectors is None or any(self.selections.select(s).series for s in selectors):
+            return _value(plan, self._evaluator(t, t, tick).eval(plan, t), t)
+        result = self._over_nothing.get(expr)
+        if result is None:
+            if len(self._over_nothing) >= _MAX_OVER_NOTHING:
+                self._over_nothing.clear()
+            result = self._over_nothing[expr] = self._evaluator(t, t, tick).eval(plan, t)
+        return _value(plan, result, t)
 
     def query_range(
         self, expr: str, start: float, end: float, step: float, *, tick: Callable[[], None] | None = None
@@ -258,6 +308,17 @@ class Engine:
                 points[0].append(t)
                 points[1].append(v)
         return Matrix(RangeSeries(labels, ts, vs) for labels, (ts, vs) in sorted(series.items()))
+
+
+def _value(plan: Node, result: Result, t: int) -> Value:
+    """An evaluation result as the query's value at t (ms)."""
+    if isinstance(result, float):
+        return Scalar(result, t)
+    if isinstance(result, str):
+        return String(result, t)
+    if plan.kind == "matrix":
+        return Matrix(RangeSeries(w.labels, w.ts, w.vals) for w in result)  # type: ignore[union-attr]
+    return Vector(Sample(labels, v, t) for labels, v in Evaluator.as_vector(result))
 
 
 def vector_query(engine: Engine) -> QueryFunc:

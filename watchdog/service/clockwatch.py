@@ -1,12 +1,12 @@
 """Noticing wall-clock jumps: the wall clock and the monotonic clock, read together, disagree.
 
-APScheduler 3.x schedules on the wall clock, and samples carry wall-clock timestamps (as in Prometheus). Set
-the clock back by an hour and every job would wait an hour for its next run time, the sample store would
-refuse every new sample as out of order, and rule groups would wait for the clock to pass their last
-evaluation. The daemon reads both clocks every second on the event loop, whose timers are monotonic, and
-when they disagree by more than TOLERANCE it starts the schedule again from the new time; if the clock went
-back it also drops the samples stamped in what is now the future, so that new scrapes are stored and the
-rules see them at once.
+Samples carry wall-clock timestamps (as in Prometheus). Set the clock back by an hour and the sample store
+would refuse every new sample as out of order, and rule groups would wait for the clock to pass their last
+evaluation. The schedule's jobs wait on the monotonic clock, but they hand their functions the wall time.
+The daemon reads both clocks every second on the event loop, whose timers are monotonic, and when they
+disagree by more than TOLERANCE it places the schedule's jobs again from the new time; if the clock went back
+it also drops the samples stamped in what is now the future, so that new scrapes are stored and the rules
+see them at once.
 """
 
 from __future__ import annotations

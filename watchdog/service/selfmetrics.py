@@ -19,6 +19,8 @@ from ..ruler.evaluation import STATE_FILE, RuleEvaluation
 from ..ruler.groups import key_name
 from ..sources.enginestate import STATE_SERIES
 from ..sources.monitor import Monitor
+from ..sources.scrape import ScrapeStatus
+from ..sources.selffeed import OwnCollector, Want, everything
 from ..statehealth import PROBE_FILE, StateHealth
 
 STATE_FILES = (ACTIONS_DB, NOTIFY_DB, STATE_FILE, PROBE_FILE)  # their write error counters start at 0
@@ -40,7 +42,7 @@ class DaemonCounters:
         self.missed_deadlines[job] = self.missed_deadlines.get(job, 0) + 1
 
 
-class WatchdogCollector(Collector):
+class WatchdogCollector(OwnCollector):
     """Exports scrape, probe, store and daemon state of one Monitor."""
 
     def __init__(
@@ -55,22 +57,44 @@ class WatchdogCollector(Collector):
         self.evaluation = evaluation
         self.state = state
 
-    def collect(self) -> Iterator[Metric]:
-        """Build every family from current state."""
+    def collect(self, want: Want = everything) -> Iterator[Metric]:
+        """Build every family from current state (only those `want` names, for the self feed)."""
         m, c = self.monitor, self.counters
-        info = GaugeMetricFamily(
-            "vllm_watchdog_build_info", "Build information.", labels=["version", "python"]
-        )
-        info.add_metric([__version__, platform.python_version()], 1)
-        yield info
-        yield from self._scrapes(m)
-        yield from self._probes(m)
-        store = GaugeMetricFamily("vllm_watchdog_store_series", "Series held in the sample store.")
-        store.add_metric([], m.store.series_count)
-        yield store
-        samples = GaugeMetricFamily("vllm_watchdog_store_samples", "Samples held in the sample store.")
-        samples.add_metric([], m.store.sample_count)
-        yield samples
+        if want("vllm_watchdog_build_info"):
+            info = GaugeMetricFamily(
+                "vllm_watchdog_build_info", "Build information.", labels=["version", "python"]
+            )
+            info.add_metric([__version__, platform.python_version()], 1)
+            yield info
+        yield from self._scrapes(m, want)
+        yield from self._probes(m, want)
+        if want("vllm_watchdog_store_series"):
+            store = GaugeMetricFamily("vllm_watchdog_store_series", "Series held in the sample store.")
+            store.add_metric([], m.store.series_count)
+            yield store
+        if want("vllm_watchdog_store_samples"):
+            samples = GaugeMetricFamily("vllm_watchdog_store_samples", "Samples held in the sample store.")
+            samples.add_metric([], m.store.sample_count)
+            yield samples
+        yield from (family for family in self._daemon(c) if want(family.name))
+        if m.gpu is not None and want("vllm_watchdog_nvml_up"):
+            gpu = GaugeMetricFamily("vllm_watchdog_nvml_up", "1 if the last NVML reading succeeded.")
+            gpu.add_metric([], 1 if m.gpu.up else 0)
+            yield gpu
+        if self.evaluation is not None:
+            if want("ALERTS") or want("ALERTS_FOR_STATE"):
+                yield from _alerts(self.evaluation)
+            yield from _evaluations(self.evaluation, want)
+        health = self.state
+        if health is not None and (
+            want("vllm_watchdog_state_writable") or want("vllm_watchdog_state_write_errors")
+        ):
+            alerts = self.evaluation.manager.persistence_errors if self.evaluation is not None else 0
+            yield from _state(health, alerts)
+
+    @staticmethod
+    def _daemon(c: DaemonCounters) -> Iterator[Metric]:
+        """Reloads, missed deadlines and clock jumps: a few samples, from counters."""
         reloads = CounterMetricFamily(
             "vllm_watchdog_config_reloads", "Config reloads by result.", labels=["result"]
         )
@@ -104,94 +128,115 @@ class WatchdogCollector(Collector):
         for direction, n in sorted(c.clock_jumps.items()):
             jumps.add_metric([direction], n)
         yield jumps
-        if m.gpu is not None:
-            gpu = GaugeMetricFamily("vllm_watchdog_nvml_up", "1 if the last NVML reading succeeded.")
-            gpu.add_metric([], 1 if m.gpu.up else 0)
-            yield gpu
-        if self.evaluation is not None:
-            yield from _alerts(self.evaluation)
-            yield from _evaluations(self.evaluation)
-        health = self.state
-        if health is not None:
-            alerts = self.evaluation.manager.persistence_errors if self.evaluation is not None else 0
-            yield from _state(health, alerts)
 
-    def _scrapes(self, m: Monitor) -> Iterator[Metric]:
+    def _scrapes(self, m: Monitor, want: Want) -> Iterator[Metric]:
         labels = ["job", "instance", "target"]  # the scraped series' own; target is "" (absent) for dcgm
-        up = GaugeMetricFamily("vllm_watchdog_target_up", "1 if the last scrape succeeded.", labels=labels)
-        total = CounterMetricFamily("vllm_watchdog_scrapes", "Scrapes attempted.", labels=labels)
-        errors = CounterMetricFamily(
-            "vllm_watchdog_scrape_errors", "Failed scrapes by kind.", labels=[*labels, "kind"]
-        )
-        duration = GaugeMetricFamily(
-            "vllm_watchdog_scrape_duration_seconds", "Duration of the last scrape.", labels=labels
-        )
-        count = GaugeMetricFamily(
-            "vllm_watchdog_scrape_samples", "Samples read by the last scrape.", labels=labels
-        )
-        out_of_bounds = CounterMetricFamily(
-            "vllm_watchdog_scrape_samples_out_of_bounds",
-            "Samples dropped for a timestamp over 1h old or 10m ahead (as Prometheus drops them).",
-            labels=labels,
-        )
-        info = GaugeMetricFamily(
-            "vllm_watchdog_target_info",
-            "1 per watched target: its name (target), and the job and instance of its scraped series.",
-            labels=labels,
-        )
+        if want("vllm_watchdog_target_info"):
+            info = GaugeMetricFamily(
+                "vllm_watchdog_target_info",
+                "1 per watched target: its name (target), and the job and instance of its scraped series.",
+                labels=labels,
+            )
+            for rt in m.targets.values():
+                info.add_metric([rt.scrape.job, rt.scrape.instance, rt.config.name], 1)
+            yield info
+        # Each family with what it reads of a scraper's status, built only if wanted.
+        per_scraper: list[
+            tuple[GaugeMetricFamily | CounterMetricFamily, Callable[[ScrapeStatus], float] | None]
+        ] = []
+        for family_type, name, doc, read in _SCRAPE_FAMILIES:
+            if want(name):
+                extra = ["kind"] if read is None else []
+                per_scraper.append((family_type(name, doc, labels=labels + extra), read))
+        if not per_scraper:
+            return
         scrapers = [rt.scrape for rt in m.targets.values()] + ([m.dcgm] if m.dcgm else [])
-        for rt in m.targets.values():
-            info.add_metric([rt.config.job, rt.config.instance, rt.config.name], 1)
         for s in scrapers:
             key = [s.job, s.instance, s.extra_labels.get("target", "")]
             st = s.status
-            up.add_metric(key, 1 if st.up else 0)
-            total.add_metric(key, st.scrapes)
-            for kind, n in sorted((dict.fromkeys(SCRAPE_ERROR_KINDS, 0) | st.errors_by_kind).items()):
-                errors.add_metric([*key, kind], n)
-            duration.add_metric(key, st.last_duration)
-            count.add_metric(key, st.samples)
-            out_of_bounds.add_metric(key, st.out_of_bounds_total)
-        yield from (info, up, total, errors, duration, count, out_of_bounds)
+            for family, read in per_scraper:
+                if read is None:  # errors by kind, every kind from 0
+                    for kind, n in sorted((dict.fromkeys(SCRAPE_ERROR_KINDS, 0) | st.errors_by_kind).items()):
+                        family.add_metric([*key, kind], n)
+                else:
+                    family.add_metric(key, read(st))
+        yield from (family for family, _ in per_scraper)
 
-    def _probes(self, m: Monitor) -> Iterator[Metric]:
+    def _probes(self, m: Monitor, want: Want) -> Iterator[Metric]:
         labels = ["job", "instance", "target"]
         fams = {
-            name: GaugeMetricFamily(name, doc, labels=labels)
-            for name, doc in (
-                ("vllm_watchdog_health_up", "1 if the last /health probe returned 200."),
-                ("vllm_watchdog_health_latency_seconds", "Latency of the last /health probe."),
-                (
-                    "vllm_watchdog_canary_success",
-                    "1 if the last canary completion generated a token.",
-                ),
-                ("vllm_watchdog_canary_latency_seconds", "Latency of the last canary completion."),
-                (
-                    STATE_SERIES["paused"],
-                    "1 if vLLM's GET /is_paused last answered true, 0 if false or no answer; absent without "
-                    "dev mode.",
-                ),
-                (
-                    STATE_SERIES["sleeping"],
-                    "1 if vLLM's GET /is_sleeping last answered true (also while paused), 0 if false or no "
-                    "answer; absent without dev mode.",
-                ),
-            )
+            name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in _PROBE_FAMILIES if want(name)
         }
+        if not fams:
+            return
         for rt in m.targets.values():
-            key = [rt.config.job, rt.config.instance, rt.config.name]
+            key = [rt.scrape.job, rt.scrape.instance, rt.config.name]  # the config's instance parses the URL
             h = rt.health.status
             if h.ok is not None:
-                fams["vllm_watchdog_health_up"].add_metric(key, 1 if h.ok else 0)
-                fams["vllm_watchdog_health_latency_seconds"].add_metric(key, h.latency)
+                _add(fams, "vllm_watchdog_health_up", key, 1 if h.ok else 0)
+                _add(fams, "vllm_watchdog_health_latency_seconds", key, h.latency)
             if rt.canary is not None and rt.canary.status.ok is not None:
                 cs = rt.canary.status
-                fams["vllm_watchdog_canary_success"].add_metric(key, 1 if cs.ok else 0)
-                fams["vllm_watchdog_canary_latency_seconds"].add_metric(key, cs.latency)
+                _add(fams, "vllm_watchdog_canary_success", key, 1 if cs.ok else 0)
+                _add(fams, "vllm_watchdog_canary_latency_seconds", key, cs.latency)
             for name, value in rt.state.samples().items():
                 if value is not None:
-                    fams[name].add_metric(key, value)
+                    _add(fams, name, key, value)
         yield from fams.values()
+
+
+def _add(families: dict[str, GaugeMetricFamily], name: str, key: list[str], value: float) -> None:
+    family = families.get(name)
+    if family is not None:
+        family.add_metric(key, value)
+
+
+# (family type, name, help, what it reads of a ScrapeStatus: None for the errors by kind), in /metrics order.
+_SCRAPE_FAMILIES: list[
+    tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, Callable[[ScrapeStatus], float] | None]
+] = [
+    (
+        GaugeMetricFamily,
+        "vllm_watchdog_target_up",
+        "1 if the last scrape succeeded.",
+        lambda st: 1 if st.up else 0,
+    ),
+    (CounterMetricFamily, "vllm_watchdog_scrapes", "Scrapes attempted.", lambda st: st.scrapes),
+    (CounterMetricFamily, "vllm_watchdog_scrape_errors", "Failed scrapes by kind.", None),
+    (
+        GaugeMetricFamily,
+        "vllm_watchdog_scrape_duration_seconds",
+        "Duration of the last scrape.",
+        lambda st: st.last_duration,
+    ),
+    (
+        GaugeMetricFamily,
+        "vllm_watchdog_scrape_samples",
+        "Samples read by the last scrape.",
+        lambda st: st.samples,
+    ),
+    (
+        CounterMetricFamily,
+        "vllm_watchdog_scrape_samples_out_of_bounds",
+        "Samples dropped for a timestamp over 1h old or 10m ahead (as Prometheus drops them).",
+        lambda st: st.out_of_bounds_total,
+    ),
+]
+_PROBE_FAMILIES = (
+    ("vllm_watchdog_health_up", "1 if the last /health probe returned 200."),
+    ("vllm_watchdog_health_latency_seconds", "Latency of the last /health probe."),
+    ("vllm_watchdog_canary_success", "1 if the last canary completion generated a token."),
+    ("vllm_watchdog_canary_latency_seconds", "Latency of the last canary completion."),
+    (
+        STATE_SERIES["paused"],
+        "1 if vLLM's GET /is_paused last answered true, 0 if false or no answer; absent without dev mode.",
+    ),
+    (
+        STATE_SERIES["sleeping"],
+        "1 if vLLM's GET /is_sleeping last answered true (also while paused), 0 if false or no answer; "
+        "absent without dev mode.",
+    ),
+)
 
 
 def _state(health: StateHealth, alert_file_errors: int) -> Iterator[Metric]:
@@ -229,7 +274,12 @@ def _alerts(ev: RuleEvaluation) -> Iterator[Metric]:
     yield from families.values()
 
 
-def _evaluations(ev: RuleEvaluation) -> Iterator[Metric]:
+def _evaluations(ev: RuleEvaluation, want: Want) -> Iterator[Metric]:
+    families = (family for family in _evaluation_families(ev) if want(family.name))
+    yield from families
+
+
+def _evaluation_families(ev: RuleEvaluation) -> Iterator[Metric]:
     total = CounterMetricFamily(
         "vllm_watchdog_rule_group_evaluations", "Rule group evaluations.", labels=["rule_group"]
     )

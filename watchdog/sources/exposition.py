@@ -1,10 +1,11 @@
 """A fast parser for the Prometheus text exposition format 0.0.4 (what vLLM serves).
 
-The hot path is `iter_samples`: it splits each sample line into the raw series text (everything
-before the value, e.g. ``vllm:num_requests_running{engine="0",model_name="m"}``), the value and
-the optional timestamp, without looking inside the label block. The series text repeats on every
-scrape, so the scraper caches `parse_series(raw)` by the raw text and only parses labels on a
-cache miss. `parse` does both for every sample (tests and slow paths).
+`iter_samples` splits each sample line into the raw series text (everything before the value, e.g.
+``vllm:num_requests_running{engine="0",model_name="m"}``), the value and the optional timestamp,
+without looking inside the label block. The series text repeats on every scrape, so the scraper caches
+what `parse_series(raw)` gives by the raw text and only parses labels on a cache miss: `scan` is that
+hot path, the same split in one loop with the cache lookup (no generator, a third less CPU). `parse`
+does both for every sample (tests and slow paths).
 
 Deliberate differences from ``prometheus_client.parser`` (the format spec decides each one):
 
@@ -31,10 +32,10 @@ Deliberate differences from ``prometheus_client.parser`` (the format spec decide
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from typing import NoReturn, TypeVar
 
-__all__ = ["ExpositionError", "find_line", "iter_samples", "parse", "parse_series"]
+__all__ = ["ExpositionError", "find_line", "iter_samples", "parse", "parse_series", "scan"]
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -46,6 +47,7 @@ _ESCAPE_RE = re.compile(r"\\[\\\"n]")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
+T = TypeVar("T")
 
 
 class ExpositionError(ValueError):
@@ -92,6 +94,54 @@ def iter_samples(text: str) -> Iterator[tuple[str, float, int | None]]:
         if "_" in tail or not tail.isascii():
             raise ExpositionError(lines.index(full) + 1, f"invalid value: {_clip(tail.strip())}")
         yield series, value, None
+
+
+def scan(
+    text: str, handles: dict[str, T], new: Callable[[str], T], skip: T, t_ms: int, lowest: int, highest: int
+) -> tuple[list[tuple[T, float, int]], int, int]:
+    """The scraper's hot path: what iter_samples yields, each raw series looked up in `handles` (`new(raw)`
+    on a miss; its ExpositionError gets the line). Returns (handle, value, timestamp or t_ms) of the samples
+    whose handle is not `skip` and whose timestamp, if any, lies in [lowest, highest], in body order; how
+    many samples the body has; and how many of them carried a timestamp out of those bounds."""
+    lines = text.split("\n")  # the same split and the same checks as iter_samples, line by line
+    batch: list[tuple[T, float, int]] = []
+    append = batch.append
+    get = handles.get
+    count = dropped = 0
+    for full in lines:
+        line = full.strip(" \t\r")
+        if not line or line[0] == "#":
+            continue
+        raw, brace, tail = line.rpartition("}")
+        if brace:
+            raw += brace
+        elif "{" in line:
+            raise ExpositionError(lines.index(full) + 1, f"unterminated label block: {_clip(line)}")
+        else:
+            raw, _, tail = line.replace("\t", " ").partition(" ")
+        ts: int | None = None
+        try:
+            value = float(tail)
+        except ValueError:
+            value, ts = _value_and_timestamp(tail, lines, full)
+        else:
+            if "_" in tail or not tail.isascii():
+                raise ExpositionError(lines.index(full) + 1, f"invalid value: {_clip(tail.strip())}")
+        count += 1
+        handle = get(raw)
+        if handle is None:
+            try:
+                handle = handles[raw] = new(raw)
+            except ExpositionError as exc:
+                raise ExpositionError(exc.line or find_line(text, raw), exc.message) from None
+        if ts is None:
+            if handle is not skip:
+                append((handle, value, t_ms))
+        elif not lowest <= ts <= highest:
+            dropped += 1
+        elif handle is not skip:
+            append((handle, value, ts))
+    return batch, count, dropped
 
 
 def _value_and_timestamp(tail: str, lines: list[str], full: str) -> tuple[float, int | None]:

@@ -15,7 +15,7 @@ from ..errors import SampleLimitError, ScrapeError
 from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
-from .exposition import ExpositionError, find_line, iter_samples, parse_series
+from .exposition import ExpositionError, iter_samples, parse_series, scan
 from .httpget import HttpGet
 
 _SKIP = Series(())  # cached for series that the rules do not need
@@ -159,23 +159,12 @@ class ScrapeTarget:
         cache = self._cache
         if len(cache) > 4 * self.sample_limit:
             cache.clear()  # a target churning label values must not grow the cache without bound
-        batch: list[tuple[Series, float, int]] = []
-        count = dropped = 0
-        raw = ""
-        lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
         try:
             self._check_limit(text)
-            for count, (raw, value, ts) in enumerate(iter_samples(text), 1):  # noqa: B007
-                series = cache.get(raw)
-                if series is None:
-                    series = cache[raw] = self._series_for(raw)
-                if ts is not None and not lowest <= ts <= highest:
-                    dropped += 1
-                elif series is not _SKIP:
-                    batch.append((series, value, t_ms if ts is None else ts))
+            lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
+            batch, count, dropped = scan(text, cache, self._series_for, _SKIP, t_ms, lowest, highest)
         except ExpositionError as exc:
-            line = exc.line or find_line(text, raw)  # parse_series does not know the line
-            raise ScrapeError(f"parse error: line {line}: {exc.message}", "parse") from exc
+            raise ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse") from exc
         self.exposure.commit(batch, t_ms)
         self.status.out_of_bounds = dropped
         self.status.out_of_bounds_total += dropped
