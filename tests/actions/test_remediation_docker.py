@@ -94,7 +94,7 @@ async def stack(
     task: asyncio.Task[None] | None = None
     try:
         docker_client.containers.run(**kwargs)
-        await asyncio.to_thread(wait_http, docker_client, name, f"http://127.0.0.1:{vport}/health", 300)
+        await asyncio.to_thread(wait_http, docker_client, name, f"http://127.0.0.1:{vport}/health", 600)
         cfg = _config(tmp_path, port, name, vport, f"{fault.url}/hook")
         d = Daemon.load(DaemonOptions(str(cfg), env={}, docker_client=lambda: docker.from_env(timeout=120)))
         ready = asyncio.Event()
