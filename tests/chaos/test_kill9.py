@@ -27,11 +27,10 @@ import pytest
 
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
-from tests.support.stub_server import StubContainers, stub_args, wait_status, write_stub
+from tests.support.stub_server import StubContainers, stub_args, stubs_on, wait_status, write_stub
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX
-from vllm_watchdog.actions.procfs import read_stat
 from vllm_watchdog.failpoints import ENV, armed, reach
 
 SPEC = '{"method":"ngram","num_speculative_tokens":4}'
@@ -84,22 +83,6 @@ def _watchdog(cfg: Path, log: Path, failpoint: str | None) -> subprocess.Popen[b
         )
 
 
-def _stubs_on(port: int, script: Path) -> list[int]:
-    """Live processes running the stub script on `port` (process mode)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        stat = read_stat(int(entry.name))
-        if str(script).encode() in argv and str(port).encode() in argv and stat and not stat.gone:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_a_failpoint_is_inert_unless_armed_and_then_holds_its_step() -> None:
     assert not armed("stop", {})
     assert armed("stop", {ENV: "drain, stop"}) and not armed("start", {ENV: "drain, stop"})
@@ -143,7 +126,7 @@ def test_kill_9_at_each_phase_reconciles(
     else:
         vport = free_port()
         how = {"command": [sys.executable, str(script), "--port", str(vport), *server_args]}
-        cleanup.append(lambda: [os.killpg(pid, signal.SIGKILL) for pid in _stubs_on(vport, script)])
+        cleanup.append(lambda: [os.killpg(pid, signal.SIGKILL) for pid in stubs_on(vport, script)])
     cfg = _config(tmp_path, port, gport, vport, how)
     failpoint = None if phase == "stopping" else phase
 
@@ -204,7 +187,7 @@ def test_kill_9_at_each_phase_reconciles(
         found = client.containers.list(all=True, filters={"name": name})
         assert [(c.name, c.status) for c in found] == [(name, "running")]
     else:
-        assert _stubs_on(vport, script) == [after["pid"]]
+        assert stubs_on(vport, script) == [after["pid"]]
     print(
         f"\n[kill9 {mode} {flow} at {phase}] {row['outcome']}: reconciled {reconciled_in:.1f}s after the "
         f"kill, case {time.monotonic() - began:.1f}s; steps {steps}"

@@ -21,10 +21,9 @@ import pytest
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import SESSION
-from tests.support.stub_server import StubContainers, stub_args, wait_status, write_stub
+from tests.support.stub_server import StubContainers, stub_args, stubs_on, wait_status, write_stub
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
-from vllm_watchdog.actions.procfs import read_stat
 
 LIMIT = 60.0  # bound on each wait; never asserted on
 FAST = "startup_grace: 0s, cooldown: 0s, drain_timeout: 1s, stop_timeout: 120s, ready_timeout: 60s"
@@ -199,27 +198,11 @@ actions:
     assert query(base, 'up{target="boxed"}') == []
 
 
-def _stubs_on(port: int, script: Path) -> list[int]:
-    """Live processes running the stub script on `port`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        stat = read_stat(int(entry.name))
-        if str(script).encode() in argv and str(port).encode() in argv and stat and not stat.gone:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_a_reload_starts_the_child_of_a_process_target_it_adds_and_stops_the_one_it_removes(
     tmp_path: Path, cleanup: list[Callable[[], None]]
 ) -> None:
     script, vport, port = write_stub(tmp_path), free_port(), free_port()
-    cleanup.append(lambda: [os.killpg(pid, signal.SIGKILL) for pid in _stubs_on(vport, script)])
+    cleanup.append(lambda: [os.killpg(pid, signal.SIGKILL) for pid in stubs_on(vport, script)])
     base, log = f"http://127.0.0.1:{port}", tmp_path / "watchdog.log"
     cfg = write_config(tmp_path, port=port)
     wd = start_watchdog(cfg, log)
@@ -230,7 +213,7 @@ def test_a_reload_starts_the_child_of_a_process_target_it_adds_and_stops_the_one
     write_config(tmp_path, target(f"http://127.0.0.1:{vport}", "proc", command=command), port=port)
     assert httpx.post(base + "/-/reload", headers=AUTH, timeout=30).status_code == 200
     poll(base + "/api/v1/targets", lambda j: any(t["up"] for t in targets(j)), LIMIT, "the child added", log)
-    (pid,) = _stubs_on(vport, script)
+    (pid,) = stubs_on(vport, script)
     assert stub_args(vport)["pid"] == pid
     assert (tmp_path / "state" / "process-proc.json").exists()
 
@@ -244,7 +227,7 @@ def test_a_reload_starts_the_child_of_a_process_target_it_adds_and_stops_the_one
     assert (row["target"], row["type"], row["outcome"]) == ("proc", "stop", "succeeded")
     assert f"its vLLM process {pid} was stopped" in row["reason"]
     deadline = time.monotonic() + LIMIT
-    while _stubs_on(vport, script):
+    while stubs_on(vport, script):
         assert time.monotonic() < deadline, "the removed target's child still runs"
         time.sleep(0.05)
     assert not (tmp_path / "state" / "process-proc.json").exists()

@@ -27,6 +27,7 @@ import httpx
 
 from tests.support.docker_engine import host_binds, remove_container, session_labels, unique_name, wait_http
 from tests.support.vllm_server import free_port
+from vllm_watchdog.actions.procfs import read_stat
 
 STUB = r"""
 import http.server, json, os, signal, sys, threading, time
@@ -161,3 +162,19 @@ def wait_status(url: str, status: int, limit: float = WAIT) -> None:
             last = exc
         time.sleep(0.05)
     raise AssertionError(f"{url} never answered {status} within {limit}s; last: {last}")
+
+
+def stubs_on(port: int, script: Path) -> list[int]:
+    """Live processes running the stub script on `port` (process mode)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        stat = read_stat(int(entry.name))
+        if str(script).encode() in argv and str(port).encode() in argv and stat and not stat.gone:
+            pids.append(int(entry.name))
+    return pids
