@@ -30,6 +30,7 @@ from .compile import (
     children,
     compile_plan,
 )
+from .rangefuncs import COLUMN_FUNCTIONS
 from .selectors import Selector
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
 
@@ -139,12 +140,16 @@ class Evaluator:
                     out.append(w)
         return out
 
-    def column_function(self, name: str, node: RangeSel, t: int) -> Vec:
-        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place."""
+    def column_function(
+        self, name: str, node: RangeSel, t: int, summed: tuple[tuple[str, ...], bool] | None = None
+    ) -> Vec:
+        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place; with
+        `summed` (grouping, without), summed as `sum by/without` does."""
         sel = node.sel
         ref = self.ref_time(sel.at, sel.offset_ms, t)
         selection = self.selections.select(sel.selector)
-        return range_function(name, selection, (node.range_ms, sel.offset_ms), ref - node.range_ms, ref, t)
+        key = (node.range_ms, sel.offset_ms)
+        return range_function(name, selection, key, ref - node.range_ms, ref, t, summed)
 
     def subquery(self, node: Subquery, t: int) -> Mat:
         """Evaluate `expr[range:step]`: the inner expression at step-aligned times in [ref-range, ref]."""
@@ -246,6 +251,15 @@ class Evaluator:
         param: float | str | None = None
         if node.param is not None:
             param = self.string(node.param) if node.param.kind == "string" else self.scalar(node.param, t)
+        if node.op == "sum":
+            inner = node.expr
+            if isinstance(inner, Call) and inner.name in COLUMN_FUNCTIONS:
+                arg = inner.args[0]
+                while isinstance(arg, Paren):
+                    arg = arg.expr
+                # With a metric name the series stay apart once it is dropped (no check for duplicates).
+                if isinstance(arg, RangeSel) and arg.sel.selector.name is not None:
+                    return self.column_function(inner.name, arg, t, (node.grouping, node.without))
         vec = self.vector(node.expr, t)
         return aggregate(node.op, vec, node.grouping, node.without, param)
 
