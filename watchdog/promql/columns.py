@@ -70,8 +70,10 @@ def range_function(
     is_counter, is_rate = CHANGE_FUNCTIONS.get(name, (False, False))
     extreme = EXTREMA.get(name)
     starts = selection.starts(key)
-    groups = None if summed is None else selection.group_keys(*summed)
-    sums: dict[Labels, float] = {}
+    groups, group_labels_ = (None, []) if summed is None else selection.groups(*summed)
+    sums = [0.0] * len(group_labels_)
+    order: list[int] = []  # groups in the order of their first value, as a dict of sums would hold them
+    started = [False] * len(group_labels_)
     out: Vec = []
     for i, s in enumerate(selection.series):
         ts = s.ts
@@ -109,11 +111,17 @@ def range_function(
             continue
         if groups is None:
             out.append((s.unnamed, value))
+            continue
+        group = groups[i]
+        if started[group]:
+            sums[group] += value
         else:
-            group = groups[i]
-            total = sums.get(group)
-            sums[group] = value if total is None else total + value
-    return out if groups is None else list(sums.items())
+            started[group] = True
+            order.append(group)
+            sums[group] = value
+    if groups is None:
+        return out
+    return [(group_labels_[g], sums[g]) for g in order]
 
 
 class Selection:
@@ -126,14 +134,19 @@ class Selection:
         self.version = version
         self.series = series
         self._starts: dict[tuple[int, int], list[int]] = {}
-        self._groups: dict[tuple[tuple[str, ...], bool], list[Labels]] = {}
+        self._groups: dict[tuple[tuple[str, ...], bool], tuple[list[int], list[Labels]]] = {}
 
-    def group_keys(self, grouping: tuple[str, ...], without: bool) -> list[Labels]:
-        """Per series, the labels of its group under `by (grouping)` or `without (grouping)`."""
+    def groups(self, grouping: tuple[str, ...], without: bool) -> tuple[list[int], list[Labels]]:
+        """The groups of `by (grouping)` or `without (grouping)`: per series the number of its group, and
+        per number the group's labels."""
         found = self._groups.get((grouping, without))
         if found is None:
-            found = [group_labels(s.unnamed, grouping, without) for s in self.series]
-            self._groups[(grouping, without)] = found
+            numbers: dict[Labels, int] = {}
+            of_series = [
+                numbers.setdefault(group_labels(s.unnamed, grouping, without), len(numbers))
+                for s in self.series
+            ]
+            found = self._groups[(grouping, without)] = (of_series, list(numbers))
         return found
 
     def starts(self, key: tuple[int, int]) -> list[int]:
