@@ -155,8 +155,10 @@ class Schedule:
         except asyncio.CancelledError:
             if self._stopping or entry.retired:  # cancel_running at shutdown: expected, not a traceback
                 return
-            # Only this schedule cancels its tasks, and only after retiring them: this one escaped `fn`.
-            log.exception("job failed", extra={"job": entry.id})
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # cancelled from outside (the loop is closing): end
+                raise
+            log.exception("job failed", extra={"job": entry.id})  # a CancelledError that escaped `fn`
         except Exception:  # a bug in one job must not stop the schedule
             log.exception("job failed", extra={"job": entry.id})
         finally:
