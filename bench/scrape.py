@@ -240,7 +240,8 @@ def machine_busy() -> tuple[int, int]:
 
 def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
     """Sums of some samples of a process' own /metrics by short key; `rule` counts rule samples."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0, trust_env=False).text
+    # 30 s: on a loaded machine a starved daemon or Prometheus can take seconds to answer
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30.0, trust_env=False).text
     out = dict.fromkeys([*names.values(), "rule"], 0.0)
     for name, _labels, value, _ts in parse(text):
         if name in names:
@@ -252,7 +253,7 @@ def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
 def prometheus_up(port: int) -> int:
     """How many targets Prometheus' `up` says are up."""
     url = f"http://127.0.0.1:{port}/api/v1/query"
-    result = httpx.get(url, params={"query": "up"}, timeout=5.0, trust_env=False).json()["data"]["result"]
+    result = httpx.get(url, params={"query": "up"}, timeout=30.0, trust_env=False).json()["data"]["result"]
     return sum(1 for s in result if s["value"][1] == "1")
 
 
