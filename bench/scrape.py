@@ -1,6 +1,7 @@
 """Load benchmark: vllm-watchdog vs. Prometheus 2.42 scraping N fake vLLM targets every 1 s.
 
-Usage: .venv/bin/python bench/scrape.py [--targets 1,8,100] [--warmup 20] [--duration 60] [--json PATH]
+Usage: .venv/bin/python bench/scrape.py [--targets 1,8,100] [--warmup 20] [--duration 60] [--rss-every S]
+       [--json PATH]
 
 First times parsing one real vLLM 0.32 /metrics payload (prometheus_client, our `parse`, and the
 daemon's hot path `ScrapeTarget.ingest` with a warm cache), before any load runs. Then serves the
@@ -8,8 +9,9 @@ payload from N loopback ports (nginx, or a one-process asyncio server if nginx i
 runs the daemon and Prometheus side by side against them with the bundled rules, and after a
 warm-up measures CPU, RSS, missed deadlines and skipped scrapes over a window. With several target counts
 (`--targets 1,8,100`) it runs one load after the other and ends with the cost per target (CPU ms per target
-per second) of both. Prints numbers, ratios and informational PASS/MISS against the goals; exits non-zero
-only if setup fails.
+per second) of both. A long window (`--duration 1800`) also prints both processes' RSS every 10 minutes
+(`--rss-every` to choose), to show whether memory stays flat. Prints numbers, ratios and informational
+PASS/MISS against the goals; exits non-zero only if setup fails.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import ctypes
 import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -237,7 +240,8 @@ def machine_busy() -> tuple[int, int]:
 
 def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
     """Sums of some samples of a process' own /metrics by short key; `rule` counts rule samples."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0, trust_env=False).text
+    # 30 s: on a loaded machine a starved daemon or Prometheus can take seconds to answer
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30.0, trust_env=False).text
     out = dict.fromkeys([*names.values(), "rule"], 0.0)
     for name, _labels, value, _ts in parse(text):
         if name in names:
@@ -249,7 +253,7 @@ def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
 def prometheus_up(port: int) -> int:
     """How many targets Prometheus' `up` says are up."""
     url = f"http://127.0.0.1:{port}/api/v1/query"
-    result = httpx.get(url, params={"query": "up"}, timeout=5.0, trust_env=False).json()["data"]["result"]
+    result = httpx.get(url, params={"query": "up"}, timeout=30.0, trust_env=False).json()["data"]["result"]
     return sum(1 for s in result if s["value"][1] == "1")
 
 
@@ -274,14 +278,25 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         busy0, cpu0, m0 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
         rss_start = {k: rss_mib(v) for k, v in groups.items()}
         rss_max = dict.fromkeys(groups, 0.0)
+        every = args.rss_every or (600.0 if args.duration >= 1200 else 0.0)
+        res["rss_over_time"] = over_time = [(0.0, rss_start["daemon"], rss_start["prometheus"])]
+        next_mark = every or math.inf
         while (left := m0 + args.duration - time.monotonic()) > 0:
-            rss_max = {k: max(rss_max[k], rss_mib(v)) for k, v in groups.items()}
+            rss = {k: rss_mib(v) for k, v in groups.items()}
+            rss_max = {k: max(rss_max[k], rss[k]) for k in groups}
+            if (elapsed := time.monotonic() - m0) >= next_mark:
+                over_time.append((elapsed, rss["daemon"], rss["prometheus"]))
+                next_mark += every
+                print(f"  {elapsed / 60:5.1f} min: RSS daemon {rss['daemon']:.1f} MiB, "
+                      f"prometheus {rss['prometheus']:.1f} MiB", flush=True)  # fmt: skip
             time.sleep(min(1.0, left))
         busy1, cpu1, m1 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
         d1, p1 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
         window = res["window_s"] = m1 - m0
         res["machine_busy_pct"] = 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
         res["scrapes_expected"] = args.targets * window
+        if every:
+            over_time.append((window, rss_mib(groups["daemon"]), rss_mib(groups["prometheus"])))
         for k, v in groups.items():
             res[k] = {"cpu_pct": 100 * (cpu1[k] - cpu0[k]) / window, "rss_end_mib": rss_mib(v)}
             res[k]["rss_start_mib"] = rss_start[k]
@@ -327,6 +342,11 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     busy, ours = res["machine_busy_pct"], (d["cpu_pct"] + pr["cpu_pct"] + t["cpu_pct"]) / res["nproc"]
     print(f"  machine busy {busy:.1f}% of all {res['nproc']} cores: these three {ours:.1f}%, "
           f"everything else (this script, other load) {busy - ours:.1f}%")  # fmt: skip
+    if len(res["rss_over_time"]) > 1:
+        print("RSS over the window (MiB):")
+        print(f"  {'minute':>8}{'vllm-watchdog':>16}{'prometheus':>14}")
+        for elapsed, ours, theirs in res["rss_over_time"]:
+            print(f"  {elapsed / 60:8.1f}{ours:16.1f}{theirs:14.1f}")
     print(f"target scrapes expected: {args.targets} targets x {window:.1f} s = {res['scrapes_expected']:.0f}")
     for label, r in (("daemon", d), ("prometheus", pr)):
         not_done = r["scrapes_not_done"]
@@ -369,6 +389,12 @@ def main() -> int:
     ap.add_argument("--targets", default="100", help="fake vLLM targets, or a list: 1,8,100 (default 100)")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring (default 20)")
     ap.add_argument("--duration", type=float, default=60.0, help="measurement window in s (default 60)")
+    ap.add_argument(
+        "--rss-every",
+        type=float,
+        default=0.0,
+        help="print both RSS every this many seconds of the window (default: 600 from a 1200 s window on)",
+    )
     ap.add_argument("--runs", type=int, default=51, help="parse timing runs (default 51)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)  # internal: LIFETIME PORT...

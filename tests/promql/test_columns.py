@@ -40,6 +40,15 @@ EXPRS = [
 ]
 
 
+# The engine sums a range function over a named selector as it reads the windows; in parentheses the same
+# expression goes the general way (a vector, then the aggregation).
+SUMS = [
+    (f"sum {g} ({f}(c[{r}]))", f"sum {g} (({f}(c[{r}])))")
+    for g in ("", "by (le)", "by (job)", "without (le)", "by (le, job)")
+    for f, r in (("rate", "20s"), ("increase", "35s"), ("delta", "10s"), ("max_over_time", "25s"))
+]
+
+
 def bits(v: float) -> bytes:
     return struct.pack("<d", v)
 
@@ -125,6 +134,8 @@ def test_a_long_lived_engine_answers_as_a_fresh_one(seed: int) -> None:
             for expr in EXPRS:
                 got = answer(engine, expr, at)
                 assert got == answer(fresh, expr, at) == answer(rebuilt, expr, at), expr
+            for fused, apart in SUMS:  # a sum of a range function is summed as it goes: the same bits
+                assert answer(engine, fused, at) == answer(fresh, apart, at), fused
 
 
 def test_window_starts_are_checked_on_use() -> None:
@@ -166,3 +177,28 @@ def test_a_result_over_nothing_is_kept_only_while_it_reads_no_series_and_not_the
         ("absent(nothing) * time()", 100.0, 101.0),
     ):
         assert answer(engine, expr, at) != answer(engine, expr, later), expr
+
+
+def test_a_shared_block_works_out_a_summed_range_function_once_per_time_unless_its_name_is_written() -> None:
+    store = SampleStore(retention=600.0)
+    for le in ("1", "+Inf"):
+        for job in ("a", "b"):
+            s = store.get(make_labels("c", {"le": le, "job": job}))
+            for t in range(0, 59_000, 1000):
+                s.append(t, t / 1000 * (2 if le == "1" else 3))
+            store.register(s)
+    engine, fresh = Engine(store), Engine(store)
+    expr, at = "sum by (le) (rate(c[20s]))", 59.0
+    with engine.shared(frozenset({"ALERTS"})):
+        first = answer(engine, expr, at)
+        assert first == answer(fresh, expr, at)
+        store.append(make_labels("c", {"le": "1", "job": "a"}), 59_000, 1e9)  # (no rule could write this)
+        assert answer(engine, expr, at) == first  # worked out once for the block, at this time
+        assert answer(engine, expr, 58.0) == answer(fresh, expr, 58.0)  # another time: its own
+        assert answer(engine, "sum by (le) ((rate(c[20s])))", at) != first  # the general way sees the sample
+    assert answer(engine, expr, at) == answer(fresh, expr, at) != first  # outside a block: nothing kept
+    with engine.shared(frozenset({"c"})):  # rules write `c` meanwhile: never kept
+        before = answer(engine, expr, 60.0)
+        store.append(make_labels("c", {"le": "+Inf", "job": "b"}), 60_000, 5e9)
+        assert answer(engine, expr, 60.0) != before
+        assert answer(engine, expr, 60.0) == answer(fresh, expr, 60.0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,9 +20,12 @@ from tests.support.configs import FAST, target, watchdog_yaml
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.promql.engine import Engine, vector_query
 from vllm_watchdog.ruler.evaluation import RuleEvaluation
-from vllm_watchdog.ruler.files import parse_rule_file
+from vllm_watchdog.ruler.files import load_rule_files, parse_rule_file
+from vllm_watchdog.ruler.groups import RuleManager
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
+from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, make_labels
 
 RULES = """
@@ -278,3 +283,76 @@ def test_reload_to_another_backend_closes_the_old_session(fault: FaultServer) ->
     assert closed == [True] and ev.remote is not old
     ev.apply(parse_config("rule_files: []\n", "/tmp/c.yml"), ())  # back to embedded
     assert ev.remote is None
+
+
+def _vllm_bodies(seed: int, targets: int, seconds: int) -> list[list[str]]:
+    """Per second, per target, the real vLLM 0.32 payload with its numbers moved at random: counters grow,
+    now and then one starts again from 0 (a restart), gauges wander."""
+    fixture = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-metrics.txt").read_text()
+    lines = fixture.split("\n")
+    rng = random.Random(seed)
+    values = [[0.0] * len(lines) for _ in range(targets)]
+    out = []
+    for _ in range(seconds):
+        second = []
+        for t in range(targets):
+            body = []
+            for i, line in enumerate(lines):
+                if not line or line.startswith("#"):
+                    body.append(line)
+                    continue
+                v = values[t][i] = (
+                    0.0 if rng.random() < 0.002 else values[t][i] + rng.choice((0, 0, 1, 2.5, 7))
+                )
+                body.append(f"{line.rsplit(' ', 1)[0]} {v}")
+            second.append("\n".join(body))
+        out.append(second)
+    return out
+
+
+def test_rules_sharing_results_within_a_group_decide_as_rules_that_do_not() -> None:
+    """The bundled rules over 2 targets for 150 s of changing samples: the daemon's evaluation (a sum of a
+    range function worked out once per group and time) and a rule manager on a plain engine write the same
+    recorded samples, bit for bit, and hold the same alerts."""
+    config = parse_config("rule_files: ['bundled:vllm.rules.yml']\n", "/tmp/c.yml", env={})
+    groups = load_rule_files(config.rule_files)
+    stores = SampleStore(900.0), SampleStore(900.0)
+    ev = RuleEvaluation(config, groups, stores[0])
+    plain = RuleManager(groups, vector_query(Engine(stores[1])), stores[1], default_interval=1.0)
+    scrapers = [
+        [
+            ScrapeTarget(
+                url=f"http://127.0.0.1:{8000 + i}/metrics",
+                job="vllm",
+                instance=f"127.0.0.1:{8000 + i}",
+                store=store,
+                timeout=1.0,
+                sample_limit=20_000,
+                body_size_limit=1 << 24,
+                extra_labels={"target": f"vllm-{i}"},
+            )
+            for i in range(2)
+        ]
+        for store in stores
+    ]
+    start = 1_700_000_000
+    for second, bodies in enumerate(_vllm_bodies(16, 2, 150)):
+        now = start + second
+        for targets in scrapers:
+            for scraper, body in zip(targets, bodies, strict=True):
+                scraper.complete(now, body, None, lambda: 0.001)
+        for key in ev.group_keys():
+            ev._evaluate_embedded(key, now + 0.5)
+        plain.evaluate_all(now + 0.5)
+    recorded = {r.name for g in groups for r in g.rules if r.kind != "alert"} | {"ALERTS", "ALERTS_FOR_STATE"}
+
+    def written(store: SampleStore) -> dict[object, list[bytes]]:
+        return {
+            s.labels: [struct.pack("<qd", t, v) for t, v in zip(s.ts, s.vals, strict=True)]
+            for name in recorded
+            for s in store.select(name)
+        }
+
+    assert written(stores[0]) == written(stores[1])
+    assert any(len(v) > 140 for v in written(stores[0]).values())  # the recording rules did record
+    assert ev.manager.alert_series() == plain.alert_series()

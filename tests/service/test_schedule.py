@@ -227,3 +227,29 @@ async def test_jobs_wait_on_the_monotonic_clock_and_are_handed_the_wall_time(
     assert len(runs) == 6
     assert runs[3] == pytest.approx(runs[2] + 1.0 - 7200.0)
     assert schedule.counters.missed_deadlines == {}
+
+
+async def test_a_cancelled_error_from_a_job_is_its_bug_but_a_cancel_of_its_task_ends_it(
+    clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[float] = []
+
+    async def escapes(now: float) -> None:
+        runs.append(now)
+        raise asyncio.CancelledError  # e.g. it awaited a future someone else cancelled
+
+    async def hangs(now: float) -> None:
+        await clock.sleep(3600.0)
+
+    schedule.replace([("notify", escapes, 1.0), ("scrape:hung", hangs, 1.0)])
+    schedule.start()
+    await clock.run(3.0)
+    assert len(runs) == 3
+    assert [r.getMessage() for r in caplog.records].count("job failed") == 3
+    # The loop closing cancels every task (asyncio.run does at exit): the job's task ends, mid-run or not.
+    tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("job:")]
+    assert len(tasks) == 2
+    for task in tasks:
+        task.cancel()
+    done, pending = await asyncio.wait(tasks, timeout=5.0)
+    assert not pending and all(t.cancelled() for t in done)

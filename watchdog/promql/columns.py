@@ -13,6 +13,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from ..store import Labels, SampleStore, Series, is_stale
+from .aggregations import group_labels
 from .binops import Vec
 from .rangefuncs import CHANGE_FUNCTIONS, EXTREMA, RANGE_FUNCTIONS, extrapolate
 from .selectors import Selector
@@ -56,12 +57,23 @@ def window(series: Series, lo: int, hi: int, start_ms: int, end_ms: int) -> Wind
 
 
 def range_function(
-    name: str, selection: Selection, key: tuple[int, int], start_ms: int, end_ms: int, t: int
+    name: str,
+    selection: Selection,
+    key: tuple[int, int],
+    start_ms: int,
+    end_ms: int,
+    t: int,
+    summed: tuple[tuple[str, ...], bool] | None = None,
 ) -> Vec:
-    """A function of COLUMN_FUNCTIONS over each selected series' samples in [start_ms, end_ms], at t."""
+    """A function of COLUMN_FUNCTIONS over each selected series' samples in [start_ms, end_ms], at t; with
+    `summed` (grouping, without), what `sum by/without` makes of it, in the same order of additions."""
     is_counter, is_rate = CHANGE_FUNCTIONS.get(name, (False, False))
     extreme = EXTREMA.get(name)
     starts = selection.starts(key)
+    groups, group_labels_ = (None, []) if summed is None else selection.groups(*summed)
+    sums = [0.0] * len(group_labels_)
+    order: list[int] = []  # groups in the order of their first value, as a dict of sums would hold them
+    started = [False] * len(group_labels_)
     out: Vec = []
     for i, s in enumerate(selection.series):
         ts = s.ts
@@ -95,20 +107,47 @@ def range_function(
             v0 = vals[lo]
             change = vals[hi - 1] - v0
             value = extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, is_counter, is_rate)
-        if value is not None:
+        if value is None:
+            continue
+        if groups is None:
             out.append((s.unnamed, value))
-    return out
+            continue
+        group = groups[i]
+        if started[group]:
+            sums[group] += value
+        else:
+            started[group] = True
+            order.append(group)
+            sums[group] = value
+    if groups is None:
+        return out
+    return [(group_labels_[g], sums[g]) for g in order]
 
 
 class Selection:
-    """The series one selector picked (in label order), and where its range windows began last time."""
+    """The series one selector picked (in label order), where its range windows began last time, and the
+    group each falls into for an aggregation."""
 
-    __slots__ = ("_starts", "series", "version")
+    __slots__ = ("_groups", "_starts", "series", "version")
 
     def __init__(self, version: int, series: list[Series]) -> None:
         self.version = version
         self.series = series
         self._starts: dict[tuple[int, int], list[int]] = {}
+        self._groups: dict[tuple[tuple[str, ...], bool], tuple[list[int], list[Labels]]] = {}
+
+    def groups(self, grouping: tuple[str, ...], without: bool) -> tuple[list[int], list[Labels]]:
+        """The groups of `by (grouping)` or `without (grouping)`: per series the number of its group, and
+        per number the group's labels."""
+        found = self._groups.get((grouping, without))
+        if found is None:
+            numbers: dict[Labels, int] = {}
+            of_series = [
+                numbers.setdefault(group_labels(s.unnamed, grouping, without), len(numbers))
+                for s in self.series
+            ]
+            found = self._groups[(grouping, without)] = (of_series, list(numbers))
+        return found
 
     def starts(self, key: tuple[int, int]) -> list[int]:
         """Per series, where a window of this (range, offset) began last time: a guess, checked on use."""

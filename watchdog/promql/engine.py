@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Union
 
@@ -30,6 +31,7 @@ from .compile import (
     children,
     compile_plan,
 )
+from .rangefuncs import COLUMN_FUNCTIONS
 from .selectors import Selector
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
 
@@ -80,8 +82,10 @@ class Evaluator:
         start_ms: int,
         end_ms: int,
         tick: Callable[[], None] | None = None,
+        shared: Shared | None = None,
     ) -> None:
         self.selections = selections
+        self.shared = shared
         self.tick = tick or _no_tick  # called at each step of a range query or subquery; raises to abandon it
         self.lookback_ms = lookback_ms
         self.default_step_ms = default_step_ms
@@ -139,12 +143,29 @@ class Evaluator:
                     out.append(w)
         return out
 
-    def column_function(self, name: str, node: RangeSel, t: int) -> Vec:
-        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place."""
+    def column_function(
+        self, name: str, node: RangeSel, t: int, summed: tuple[tuple[str, ...], bool] | None = None
+    ) -> Vec:
+        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place; with
+        `summed` (grouping, without), summed as `sum by/without` does."""
         sel = node.sel
         ref = self.ref_time(sel.at, sel.offset_ms, t)
         selection = self.selections.select(sel.selector)
-        return range_function(name, selection, (node.range_ms, sel.offset_ms), ref - node.range_ms, ref, t)
+        key = (node.range_ms, sel.offset_ms)
+        return range_function(name, selection, key, ref - node.range_ms, ref, t, summed)
+
+    def summed(self, name: str, node: RangeSel, t: int, by: tuple[tuple[str, ...], bool]) -> Vec:
+        """`sum by/without (name(node))`: the column function, summed; worked out once per time while the
+        engine shares results and nothing writes to series of the selector's name (see Engine.shared)."""
+        shared, sel = self.shared, node.sel
+        if shared is None or sel.selector.name in shared.written:
+            return self.column_function(name, node, t, by)
+        at = None if sel.at is None else (sel.at.which, sel.at.t_ms)
+        key = (name, sel.selector, node.range_ms, sel.offset_ms, at, t, self.start_ms, self.end_ms, by)
+        found = shared.results.get(key)
+        if found is None:
+            found = shared.results[key] = self.column_function(name, node, t, by)
+        return list(found)  # the callers' own list: none changes one, but none needs to know
 
     def subquery(self, node: Subquery, t: int) -> Mat:
         """Evaluate `expr[range:step]`: the inner expression at step-aligned times in [ref-range, ref]."""
@@ -246,8 +267,27 @@ class Evaluator:
         param: float | str | None = None
         if node.param is not None:
             param = self.string(node.param) if node.param.kind == "string" else self.scalar(node.param, t)
+        if node.op == "sum":
+            inner = node.expr
+            if isinstance(inner, Call) and inner.name in COLUMN_FUNCTIONS:
+                arg = inner.args[0]
+                while isinstance(arg, Paren):
+                    arg = arg.expr
+                # With a metric name the series stay apart once it is dropped (no check for duplicates).
+                if isinstance(arg, RangeSel) and arg.sel.selector.name is not None:
+                    return self.summed(inner.name, arg, t, (node.grouping, node.without))
         vec = self.vector(node.expr, t)
         return aggregate(node.op, vec, node.grouping, node.without, param)
+
+
+class Shared:
+    """Results worked out once while the store changes only in series named `written`."""
+
+    __slots__ = ("results", "written")
+
+    def __init__(self, written: frozenset[str]) -> None:
+        self.written = written
+        self.results: dict[tuple[object, ...], Vec] = {}
 
 
 class Engine:
@@ -259,9 +299,23 @@ class Engine:
         self.default_step_ms = max(1, to_ms(default_step))
         self.selections = Selections(store)
         self._over_nothing: dict[str, Result] = {}  # expression -> its result while it selects nothing
+        self._shared: Shared | None = None
+
+    @contextlib.contextmanager
+    def shared(self, written: frozenset[str]) -> Iterator[None]:
+        """A block in which the store changes only in series named `written` (the outputs of the rule group
+        being evaluated, at one time, with no scrape between its rules): a sum of a range function over a
+        selector of another name is worked out once per time and given again to every query that has it."""
+        self._shared = Shared(written)
+        try:
+            yield
+        finally:
+            self._shared = None
 
     def _evaluator(self, start_ms: int, end_ms: int, tick: Callable[[], None] | None) -> Evaluator:
-        return Evaluator(self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms, tick)
+        return Evaluator(
+            self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms, tick, self._shared
+        )
 
     def query(self, expr: str, at: float, *, tick: Callable[[], None] | None = None) -> Value:
         """Evaluate an instant query at unix seconds `at`; `tick` may raise to abandon a long subquery.

@@ -15,6 +15,7 @@ from ..notifiers.alert import OutgoingAlert
 from ..promql.engine import Engine, vector_query
 from ..promql.values import QueryError, QueryFunc, Vector
 from ..store import SampleStore
+from .alerting import ALERT_METRIC, FOR_STATE_METRIC
 from .files import RuleGroup
 from .groups import RuleManager
 
@@ -61,6 +62,7 @@ class RuleEvaluation:
         self.last_trigger: dict[tuple[str, str], float] = {}  # scraped_at of the scrape that last set it off
         self.config = config
         self.groups = groups
+        self._written = _outputs(groups)
         self.engine = Engine(
             store,
             lookback=config.global_.lookback_delta,
@@ -93,6 +95,7 @@ class RuleEvaluation:
                 self.remote.close()
             self.remote = _remote(config)
         self.config, self.groups = config, groups
+        self._written = _outputs(groups)
         self.manager.update(
             groups,
             vector_query(self.engine),
@@ -158,7 +161,8 @@ class RuleEvaluation:
                 return
             self.started = True
         start = self.monotonic()
-        self.manager.evaluate_group(key, now)
+        with self.engine.shared(self._written):  # the rules write only their own outputs meanwhile
+            self.manager.evaluate_group(key, now)
         self._done(key, now, start)
 
     def _done(self, key: tuple[str, str], now: float, start: float) -> None:
@@ -185,6 +189,12 @@ class RuleEvaluation:
 
         results = await asyncio.gather(*(one(e) for e in exprs))
         return dict(zip(exprs, results, strict=True))
+
+
+def _outputs(groups: tuple[RuleGroup, ...]) -> frozenset[str]:
+    """The metric names rules write: every recording rule's, ALERTS and ALERTS_FOR_STATE."""
+    recorded = (rule.name for group in groups for rule in group.rules if rule.kind != "alert")
+    return frozenset((*recorded, ALERT_METRIC, FOR_STATE_METRIC))
 
 
 def _answering(answers: dict[str, Vector | QueryError]) -> QueryFunc:

@@ -155,8 +155,13 @@ class Schedule:
         except asyncio.CancelledError:
             if self._stopping or entry.retired:  # cancel_running at shutdown: expected, not a traceback
                 return
-            # Only this schedule cancels its tasks, and only after retiring them: this one escaped `fn`.
-            log.exception("job failed", extra={"job": entry.id})
+            cancelling = getattr(asyncio.current_task(), "cancelling", None)
+            if cancelling is None:  # Python 3.10 cannot tell the two apart: the task ends, and says so
+                log.exception("job failed", extra={"job": entry.id})
+                raise
+            if cancelling():  # cancelled from outside (the loop is closing): end
+                raise
+            log.exception("job failed", extra={"job": entry.id})  # a CancelledError that escaped `fn`
         except Exception:  # a bug in one job must not stop the schedule
             log.exception("job failed", extra={"job": entry.id})
         finally:
