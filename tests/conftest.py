@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import runshare
 from tests.support.faultserver import FaultServer
+from tests.support.longest_first import LongestFirst
 from tests.support.tlsfiles import Pki, make_pki
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,6 +46,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that share the session's vLLM run on one worker; every other module runs whole on one."""
     runshare.assign_groups(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LongestFirst | None:
+    """`--dist loadgroup` hands out the longest groups first (tests/support/longest_first.py)."""
+    return LongestFirst(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

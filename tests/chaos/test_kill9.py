@@ -33,6 +33,8 @@ from tests.support.watchdogproc import poll
 from vllm_watchdog.actions.docker import BACKUP_SUFFIX
 from vllm_watchdog.failpoints import ENV, armed, reach
 
+pytestmark = pytest.mark.spread  # each case starts its own stubs and watchdog: any worker may run any of them
+
 SPEC = '{"method":"ngram","num_speculative_tokens":4}'
 TERM_DELAY = "3"
 LIMIT = 60.0  # bound on each wait; never asserted on

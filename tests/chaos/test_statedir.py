@@ -36,6 +36,10 @@ from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.notifiers.queue import MEMORY_ID_BASE, DeliveryQueue, NewItem
 from vllm_watchdog.statehealth import PROBE_FILE, StateHealth, probe_write
 
+pytestmark = (
+    pytest.mark.spread
+)  # each test makes its own state dir and watchdog: any worker may run any of them
+
 ALERT = "VLLMWatchdogStateUnwritable"
 METRICS = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 0

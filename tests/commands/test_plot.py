@@ -35,6 +35,8 @@ from vllm_watchdog.commands.replay import Transition
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.ruler.files import parse_rule_file
 
+pytestmark = pytest.mark.spread  # each test records its own run: any worker may run any of them
+
 SPEC_BODY = (ROOT / "tests" / "fixtures" / "vllm-0.32.0-specdecode-metrics.txt").read_text()
 RULES = """groups:
   - name: q

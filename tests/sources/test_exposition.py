@@ -16,6 +16,8 @@ from prometheus_client.samples import Timestamp
 
 from vllm_watchdog.sources.exposition import ExpositionError, find_line, iter_samples, parse, parse_series
 
+pytestmark = pytest.mark.spread  # pure functions over generated text: any worker may run any of them
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-metrics.txt"
 
 Key = tuple[str, tuple[tuple[str, str], ...], object, object]

@@ -36,6 +36,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Enum, Gauge, Histogram, Info, Summary, generate_latest
@@ -45,6 +46,8 @@ from prometheus_client.samples import Timestamp
 
 from tests.support.fuzzing import fuzz
 from vllm_watchdog.sources.exposition import ExpositionError, iter_samples, parse, parse_series, scan
+
+pytestmark = pytest.mark.spread  # pure functions over generated text: any worker may run any of them
 
 FIXTURE = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-metrics.txt").read_text(encoding="utf-8")
 

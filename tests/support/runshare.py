@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import longest_first
+
 ENV = "VLLM_WATCHDOG_TEST_RUN_DIR"
 STOP_TIMEOUT = 60.0
 
@@ -106,21 +108,31 @@ def assign_groups(items: list[pytest.Item]) -> None:
     """Mark each test with the xdist group it must share a worker with, and put the long groups first.
 
     Shared-vLLM tests form one group. Every other test is grouped with its module, so that a module's
-    fixtures (a Prometheus, a Docker image, a vLLM of its own) are built once, on one worker. xdist hands out
-    groups in the order it meets them: the shared-vLLM group (the longest chain) goes first, then modules
-    that start real servers, so that no long module is left to start last while the other workers idle.
+    fixtures (a Prometheus, a Docker image, a vLLM of its own) are built once, on one worker; a module marked
+    `spread` (its tests share nothing a module builds) lets each test go to any worker. The groups are then
+    ordered longest first (tests/support/longest_first.py): the run ends when its last group does.
     """
-    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if _starts_servers(item)}
+    groups: dict[str, list[pytest.Item]] = {}
     for item in items:
-        group = SHARED_VLLM_GROUP if _uses_shared_vllm(item) else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group_of(item), []).append(item)
+    seconds = {
+        name: longest_first.expected_seconds(name, len(tests), any(_starts_servers(t) for t in tests))
+        for name, tests in groups.items()
+    }
+    for name, tests in groups.items():
+        for item in tests:
+            item.add_marker(pytest.mark.xdist_group(name))
+    # Stable: a group's tests keep their order, and groups of equal length keep the collection's.
+    items[:] = [item for name in sorted(groups, key=lambda g: -seconds[g]) for item in groups[name]]
 
-    def weight(item: pytest.Item) -> int:
-        if _uses_shared_vllm(item):
-            return 0
-        return 1 if item.nodeid.split("::", 1)[0] in slow_modules else 2
 
-    items.sort(key=weight)  # stable: the order inside each module is kept
+def group_of(item: pytest.Item) -> str:
+    """The xdist group of a test: the shared vLLM's, its own (in a `spread` module), or its module's."""
+    if _uses_shared_vllm(item):
+        return SHARED_VLLM_GROUP
+    if item.get_closest_marker("spread") is not None:
+        return item.nodeid
+    return item.nodeid.split("::", 1)[0]
 
 
 def _uses_shared_vllm(item: pytest.Item) -> bool:

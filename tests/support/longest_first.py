@@ -1,0 +1,65 @@
+"""The order in which xdist hands a run's test groups to its workers: the longest first.
+
+A run ends when its last group ends. xdist's own `loadgroup` hands groups out by their number of tests
+(a fuzz module of 500 one-millisecond cases first, a two-test module that restarts a real vLLM for six
+minutes last, while the other workers idle), and gives a worker its next group while two of its tests are
+still to run, so a long test can queue a group behind it that an idle worker could have run. Here the
+groups go out by the seconds they took in a measured run (`tests/durations.json`, longest first, the
+classic longest-processing-time rule), and a worker gets its next group only when it is down to the one
+test it holds back until it knows what follows (pytest runs a test with the next one in hand, to know
+which fixtures to tear down).
+
+The measured seconds only order the groups: a stale or missing entry makes a run slower, never wrong.
+`scripts/test-durations.py` writes the file again from a run's `--durations=0` output.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from xdist.scheduler import LoadGroupScheduling
+from xdist.workermanage import WorkerController
+
+DURATIONS = Path(__file__).resolve().parent.parent / "durations.json"
+
+
+@lru_cache(maxsize=1)
+def measured() -> dict[str, float]:
+    """Seconds per group and per test id (setup, call and teardown) in the run the file was written from; a
+    test of a `spread` module is a group of its own, named by its id."""
+    try:
+        doc = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for part in ("tests", "groups") for k, v in doc.get(part, {}).items()}
+
+
+def expected_seconds(group: str, tests: int, starts_servers: bool) -> float:
+    """The group's measured seconds; a group the file does not know is guessed from what it does."""
+    known = measured().get(group)
+    if known is not None:
+        return known
+    return 60.0 if starts_servers else 0.05 * tests
+
+
+class LongestFirst(LoadGroupScheduling):
+    """`--dist loadgroup` that keeps the collection's order (longest group first) and hands a worker its
+    next group only when it has one test left."""
+
+    def __init__(self, config: pytest.Config, log: object | None = None) -> None:
+        config.option.loadscopereorder = False  # the collection is already in the order wanted
+        super().__init__(config, log)
+
+    def _reschedule(self, node: WorkerController) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        # One pending test is the one the worker holds until it hears of the next; more is work in hand.
+        if self._pending_of(self.assigned_work[node]) > 1:
+            return
+        self._assign_work_unit(node)
