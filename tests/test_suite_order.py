@@ -87,3 +87,25 @@ def test_a_worker_gets_its_next_group_only_when_one_test_is_left() -> None:
     assert node.sent == [[3]]  # one left, held back until the worker hears what follows
     sched._reschedule(node)
     assert node.shut  # nothing queued: the worker is told to finish
+
+
+def test_long_groups_run_at_most_all_but_two_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(longest_first, "measured", lambda: {"l1": 500.0, "l2": 400.0, "l3": 300.0})
+    config: Any = SimpleNamespace(
+        option=SimpleNamespace(loadscopereorder=True),
+        getvalue=lambda name: ["3*popen"] if name == "tx" else None,
+    )
+    sched = longest_first.LongestFirst(config)
+    nodes: list[Any] = [FakeNode() for _ in range(3)]
+    order = ["l1", "l2", "l3", "s1"]
+    for node in nodes:
+        sched.registered_collections[node] = [f"{g}::t" for g in order]
+    for g in order:
+        sched.workqueue[g] = {f"{g}::t": False}
+    for node in nodes:
+        sched._assign_work_unit(node)
+    # 3 workers: one long group at a time; the others take the short one, then wait
+    assert [n.sent for n in nodes] == [[[0]], [[3]], []]
+    sched.assigned_work[nodes[0]]["l1"]["l1::t"] = True  # the long one ends
+    sched._assign_work_unit(nodes[2])
+    assert nodes[2].sent == [[1]]

@@ -31,7 +31,7 @@ from vllm_watchdog.actions.docker import BACKUP_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_TIMEOUT = 60.0
-VLLM_READY_TIMEOUT = 300.0  # a cold start on 2 busy cores; warm ones take 40-50 s in a container
+VLLM_READY_TIMEOUT = 600.0  # bounds a hang, not a speed: starts beside 5 others on 2 cores took 283 s
 SESSION_LABEL = "vllm-watchdog.test-session"
 SESSION = uuid.uuid4().hex[:12]
 HOST_RUNTIME = ("/usr", "/lib", "/lib64", "/bin")  # enough for the host's /usr/bin/python3

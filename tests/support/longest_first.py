@@ -7,7 +7,9 @@ still to run, so a long test can queue a group behind it that an idle worker cou
 groups go out by the seconds they took in a measured run (`tests/durations.json`, longest first, the
 classic longest-processing-time rule), and a worker gets its next group only when it is down to the one
 test it holds back until it knows what follows (pytest runs a test with the next one in hand, to know
-which fixtures to tear down).
+which fixtures to tear down). The long groups start real vLLMs, each about 45 CPU-seconds: at most all
+but two workers run one at a time, so that their starts do not all fall in the same minutes on two cores
+while the other workers take the short groups.
 
 The measured seconds only order the groups: a stale or missing entry makes a run slower, never wrong.
 `scripts/test-durations.py` writes the file again from a run's `--durations=0` output.
@@ -45,9 +47,12 @@ def expected_seconds(group: str, tests: int, starts_servers: bool) -> float:
     return 60.0 if starts_servers else 0.05 * tests
 
 
+LONG = 120.0  # seconds: a group this long starts real servers (every one in durations.json does)
+
+
 class LongestFirst(LoadGroupScheduling):
-    """`--dist loadgroup` that keeps the collection's order (longest group first) and hands a worker its
-    next group only when it has one test left."""
+    """`--dist loadgroup` that keeps the collection's order (longest group first), hands a worker its next
+    group only when it has one test left, and runs at most all but two long groups at once."""
 
     def __init__(self, config: pytest.Config, log: object | None = None) -> None:
         config.option.loadscopereorder = False  # the collection is already in the order wanted
@@ -60,6 +65,29 @@ class LongestFirst(LoadGroupScheduling):
             node.shutdown()
             return
         # One pending test is the one the worker holds until it hears of the next; more is work in hand.
-        if self._pending_of(self.assigned_work[node]) > 1:
+        if self._pending_of(self.assigned_work.get(node, {})) > 1:
             return
         self._assign_work_unit(node)
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        """The first queued group that may start now: a long one only while fewer than the cap run."""
+        cap = max(1, self.numnodes - 2)
+        running = sum(
+            1
+            for work in self.assigned_work.values()
+            for scope, tests in work.items()
+            if measured().get(scope, 0.0) >= LONG and not all(tests.values())
+        )
+        for scope in self.workqueue:
+            if measured().get(scope, 0.0) < LONG or running < cap:
+                self.workqueue.move_to_end(scope, last=False)
+                super()._assign_work_unit(node)
+                return
+        # Only long groups are left and the cap runs: this worker waits for one to end (see below).
+
+    def mark_test_complete(self, node: WorkerController, item_index: int, duration: float = 0) -> None:
+        """Every worker may get work when a test ends: one that waited behind the cap, too."""
+        super().mark_test_complete(node, item_index, duration)
+        for other in self.nodes:
+            if other is not node:
+                self._reschedule(other)
