@@ -48,7 +48,9 @@ from vllm_watchdog.failpoints import ENV
 LIMIT = 60.0  # bound on every wait; never asserted on
 EVERY = 0.1  # seconds between polls of a member's API: the cases wait on each other's steps dozens of times
 CLIENT = httpx.Client(timeout=10, trust_env=False)  # one for every poll: a client per request costs more CPU
-TTL = 3  # seconds: a killed member's slot frees this long after its last renewal
+# Seconds: a killed member's slot frees this long after its last renewal. A live member must renew within
+# it however starved it is: 3 s expired a running member's lease at load average 27.
+TTL = 6
 GROUP = "pool"
 RAN = ("succeeded", "failed", "rolled_back", "running")
 CORRELATED = "VLLMWatchdogFleetCorrelatedFault"
@@ -179,7 +181,7 @@ fleet:
   member: m{i}
   max_disrupted: 1
   lease_ttl: {TTL}s
-  request_timeout: 1s
+  request_timeout: 2s
   slot_wait: 60s
   correlated_share: null
 """,

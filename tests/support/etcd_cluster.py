@@ -144,9 +144,9 @@ class EtcdCluster:
                 return found
         raise AssertionError(f"no etcd member answered {path}: {problems}")
 
-    def hold_key(self, key: str, ttl: int = 60) -> int:
+    def hold_key(self, key: str, ttl: int = 600) -> int:
         """Write `key` under a new lease of `ttl` seconds, as a member would (a slot, say); the lease's id,
-        for `revoke`."""
+        for `revoke`. The default outlives any test: 60 s expired before a test at load average 27 revoked it."""
         lease = int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
         self.call("kv/put", {"key": _b64(key), "value": _b64("{}"), "lease": str(lease)})
         return lease
