@@ -11,6 +11,7 @@ bash scripts/setup.sh
 # is set (Python still reads .pyc files then; it only stops writing them).
 .venv/bin/python -m compileall -q -j 0 watchdog tests bench >/dev/null
 # Most of the suite waits on servers (vLLM, Docker, Prometheus), not on the CPU, so it runs on a few xdist
-# workers; tests that share the session's vLLM keep to one worker (tests/support/runshare.py).
+# workers; tests that share the session's vLLM keep to one worker (tests/support/runshare.py), the longest
+# groups go first and at most three start real vLLMs at once (tests/support/longest_first.py).
 # VLLM_WATCHDOG_TEST_WORKERS=0 runs it in one process.
-exec .venv/bin/python -m pytest -n "${VLLM_WATCHDOG_TEST_WORKERS:-4}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${VLLM_WATCHDOG_TEST_WORKERS:-5}" --dist loadgroup "$@"

@@ -89,7 +89,7 @@ def test_a_worker_gets_its_next_group_only_when_one_test_is_left() -> None:
     assert node.shut  # nothing queued: the worker is told to finish
 
 
-def test_long_groups_run_at_most_all_but_two_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_groups_leave_a_worker_for_the_short_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(longest_first, "measured", lambda: {"l1": 500.0, "l2": 400.0, "l3": 300.0})
     config: Any = SimpleNamespace(
         option=SimpleNamespace(loadscopereorder=True),
@@ -104,8 +104,11 @@ def test_long_groups_run_at_most_all_but_two_at_once(monkeypatch: pytest.MonkeyP
         sched.workqueue[g] = {f"{g}::t": False}
     for node in nodes:
         sched._assign_work_unit(node)
-    # 3 workers: one long group at a time; the others take the short one, then wait
-    assert [n.sent for n in nodes] == [[[0]], [[3]], []]
-    sched.assigned_work[nodes[0]]["l1"]["l1::t"] = True  # the long one ends
+    # 3 workers: two long groups at a time, and the third takes the short one
+    assert [n.sent for n in nodes] == [[[0]], [[1]], [[3]]]
+    sched.assigned_work[nodes[2]]["s1"]["s1::t"] = True
     sched._assign_work_unit(nodes[2])
-    assert nodes[2].sent == [[1]]
+    assert nodes[2].sent == [[3]]  # only a long group is left, and two run: it waits
+    sched.assigned_work[nodes[0]]["l1"]["l1::t"] = True  # a long one ends
+    sched._assign_work_unit(nodes[2])
+    assert nodes[2].sent == [[3], [2]]
