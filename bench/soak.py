@@ -350,11 +350,14 @@ class Observer:
                 entry["states"].append(a["state"])
 
     async def sample_loop(self, t0: float, every: float, stop: asyncio.Event) -> None:
-        """Sample the watchdog process and its target every `every` seconds until stop is set."""
+        """Sample the watchdog process and its target every `every` seconds until stop is set (on a fixed
+        schedule: a slow sample delays the next one, not all that follow)."""
+        due = time.monotonic()
         while not stop.is_set():
             await self.sample(t0)
+            due += every
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
+                await asyncio.wait_for(stop.wait(), max(0.0, due - time.monotonic()))
 
     async def sample(self, t0: float) -> None:
         """One CPU/RSS sample; the sizes the watchdog reports on /metrics; whether the canary fails now."""
