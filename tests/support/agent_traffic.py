@@ -39,7 +39,7 @@ def agent(gateway: str, session: str, statuses: list[int], tokens: int = 24) -> 
     usage = {"stream_options": {"include_usage": True}}
     history = ""
     for step in range(4):
-        history += f" {session} step {step}" * 20
+        history += f" {session} step {step}" * 5  # 36 tokens a step, prefilled anew (it names the session)
         if step < 2:
             body = common | {"prompt": PREFIX + history} | ({"stream": True} | usage if step == 1 else {})
             statuses.append(post(gateway, "/v1/completions", session, body))
