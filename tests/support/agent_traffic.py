@@ -33,7 +33,7 @@ def tool_messages(session: str, step: int) -> list[dict[str, Any]]:
     ]
 
 
-def agent(gateway: str, session: str, statuses: list[int], tokens: int = 24) -> None:
+def agent(gateway: str, session: str, statuses: list[int], tokens: int = 12) -> None:
     """Four steps with a growing context: completion, streamed completion, chat with tool calls, streamed chat."""
     common = {"model": "tiny-llama", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     usage = {"stream_options": {"include_usage": True}}
