@@ -3,6 +3,7 @@
 Usage: flock /tmp/vllm-heavy.lock .venv/bin/python bench/soak.py [--duration 30m] [--agents 4] [--warmup 5m]
            [--sample-interval 10s] [--json FILE] [--vllm-url URL | --vllm-arg ARG ...] [--workdir DIR]
            [--pause-hold 150s] [--pause-gap 120s] [--no-pauses] [--breaker 60s] [--no-loopers]
+           [--time-scale 1]
 
 What runs (all on 127.0.0.1, free ports):
 - the watchdog with the embedded defaults (watchdog/defaults/config.yml: the bundled vLLM and gateway rules,
@@ -66,9 +67,11 @@ from typing import Any
 import httpx
 import yaml
 from _soak_operator import Operator, judge
+from _soak_scale import write_scaled_rules
 from _soak_traffic import Mix, Traffic
 
 from vllm_watchdog.config.durations import parse_duration
+from vllm_watchdog.config.model import bundled_rules_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -99,6 +102,11 @@ class Options:
     pause_gap: float = 120.0  # seconds of serving before each pause
     loopers: bool = True  # two agents loop, are broken, then behave
     breaker: float = 60.0  # the bundled session-breaker's duration, for this soak
+    # The clock of the rules and the agents runs this many times faster: every window, offset and `for:` of
+    # the bundled rules, the agents' think and idle times and the alert polling are divided by it (not the
+    # scrape, evaluation and canary intervals, nor how long vLLM takes to answer). With 2, a minute of traffic
+    # fills each rule's window and `for:` as two minutes at 1 would.
+    time_scale: float = 1.0
 
 
 def free_port() -> int:
@@ -167,6 +175,12 @@ def watchdog_config(
     cfg["actions"] = {"session-breaker": {**bundled, "duration": f"{opts.breaker:g}s"}}
     cfg["notifiers"] = [{"type": "webhook", "name": "soak", "url": hook}]
     cfg["dry_run"] = False
+    if opts.time_scale != 1.0:
+        names = [f.removeprefix("bundled:") for f in cfg["rule_files"]]
+        scaled = [
+            write_scaled_rules(bundled_rules_dir() / n, state.parent / n, opts.time_scale) for n in names
+        ]
+        cfg["rule_files"] = [str(path) for path in scaled]
     return cfg
 
 
@@ -315,10 +329,11 @@ def resources_report(samples: list[tuple[float, float, float]], warmup: float) -
 class Observer:
     """Polls the watchdog's API while the soak runs: alert states, targets, and samples its process."""
 
-    def __init__(self, api: str, pid: int, client: httpx.AsyncClient) -> None:
+    def __init__(self, api: str, pid: int, client: httpx.AsyncClient, poll_every: float = ALERT_POLL) -> None:
         self.api = api
         self.pid = pid
         self.client = client
+        self.poll_every = poll_every  # seconds between GET /api/v1/alerts
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}  # (label set, activeAt) -> states seen
         self.samples: list[tuple[float, float, float]] = []
         self.sizes: list[tuple[float, dict[str, float]]] = []  # what the watchdog holds (SIZES), over time
@@ -327,11 +342,11 @@ class Observer:
         self.poll_errors = 0
 
     async def alerts_loop(self, stop: asyncio.Event) -> None:
-        """GET /api/v1/alerts every ALERT_POLL seconds until stop is set."""
+        """GET /api/v1/alerts every poll_every seconds until stop is set."""
         while not stop.is_set():
             await self.poll_alerts()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), ALERT_POLL)
+                await asyncio.wait_for(stop.wait(), self.poll_every)
 
     async def poll_alerts(self) -> None:
         """Remember the state of every pending or firing alert now."""
@@ -350,11 +365,14 @@ class Observer:
                 entry["states"].append(a["state"])
 
     async def sample_loop(self, t0: float, every: float, stop: asyncio.Event) -> None:
-        """Sample the watchdog process and its target every `every` seconds until stop is set."""
+        """Sample the watchdog process and its target every `every` seconds until stop is set (on a fixed
+        schedule: a slow sample delays the next one, not all that follow)."""
+        due = time.monotonic()
         while not stop.is_set():
             await self.sample(t0)
+            due += every
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
+                await asyncio.wait_for(stop.wait(), max(0.0, due - time.monotonic()))
 
     async def sample(self, t0: float) -> None:
         """One CPU/RSS sample; the sizes the watchdog reports on /metrics; whether the canary fails now."""
@@ -375,8 +393,11 @@ class Observer:
 # -- the soak --------------------------------------------------------------------------------------
 async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], None]) -> dict[str, Any]:
     assert stack.proc is not None
+    k = opts.time_scale
     mix = Mix(
         agents=opts.agents,
+        think=(Mix.think[0] / k, Mix.think[1] / k),
+        idle=(Mix.idle[0] / k, Mix.idle[1] / k),
         seed=opts.seed,
         request_timeout=max(120.0, opts.pause_hold + 60.0) if opts.pauses else 120.0,
         loopers=opts.loopers,
@@ -387,7 +408,7 @@ async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], 
     operator = Operator(vllm, hold=opts.pause_hold, gap=opts.pause_gap)
     stop = asyncio.Event()
     async with httpx.AsyncClient(trust_env=False) as client:
-        observer = Observer(stack.api, stack.proc.pid, client)
+        observer = Observer(stack.api, stack.proc.pid, client, ALERT_POLL / k)
         t0, wall0 = time.monotonic(), time.time()
         run = asyncio.create_task(traffic.run(opts.duration))
         pausing = asyncio.create_task(operator.run(opts.duration)) if opts.pauses else None
@@ -412,7 +433,7 @@ async def _soak(opts: Options, stack: Stack, hooks: Hooks, say: Callable[[str], 
         alive = stack.proc.poll() is None
         if alive:
             await observer.sample(t0)
-            await asyncio.sleep(2 * ALERT_POLL)  # the last evaluation's notices reach the webhook
+            await asyncio.sleep(2 * observer.poll_every)  # the last evaluation's notices reach the webhook
             await observer.poll_alerts()
             actions = (await client.get(stack.api + "/api/v1/actions?limit=10000", timeout=30)).json()["data"]
             gateway = (await client.get(stack.api + "/api/v1/gateway", timeout=30)).json()
@@ -719,6 +740,12 @@ def main() -> int:
     parser.add_argument("--no-pauses", action="store_true", help="no pause/resume cycles")
     parser.add_argument("--breaker", default="60s", help="the session-breaker's duration (default 60s)")
     parser.add_argument("--no-loopers", action="store_true", help="no agents that loop")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="run the rules' windows and for:, think times and alert polling this many times faster",
+    )
     args = parser.parse_args()
     duration = parse_duration(args.duration)
     warmup = parse_duration(args.warmup) if args.warmup else min(300.0, duration / 6)
@@ -737,6 +764,7 @@ def main() -> int:
         pause_gap=parse_duration(args.pause_gap),
         loopers=not args.no_loopers,
         breaker=parse_duration(args.breaker),
+        time_scale=args.time_scale,
     )
 
     def interrupted(signum: int, frame: object) -> None:

@@ -169,19 +169,28 @@ routes:
     )
     assert wd.status()["limit"] == 4
     results: list[tuple[str, int, dict[str, Any], float]] = []
-    # Sampled and long enough that two are in flight for many evaluations: greedy requests ride the shared
-    # server's ngram drafts and six of them once drained between two evaluations on a fast CI machine.
+    # Two or more in flight until the test has seen the squeeze, not for as long as a flood lasts: one long
+    # completion runs in the engine (--max-num-seqs 1) and five short ones follow it, three into vLLM's queue
+    # and two held by the cap of 4; the test hangs up on the long one once squeezed, and the rest run.
+    running, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold, args=(wd.gateway, "s0", results, running, release))
+    holder.start()
+    assert running.wait(120), results
     flood = [
         threading.Thread(
-            target=_completion, args=(wd.gateway, f"s{i}", results, 128, "the quick brown fox", 1.0)
+            target=_completion, args=(wd.gateway, f"s{i}", results, 16, "the quick brown fox", 1.0)
         )
-        for i in range(6)
+        for i in range(1, 6)
     ]
     for t in flood:
         t.start()
-    squeezed = poll(
-        wd.api + "/api/v1/gateway", lambda j: j["data"]["limit"] == 2, 120, "the throttle", wd.log
-    )
+    try:
+        squeezed = poll(
+            wd.api + "/api/v1/gateway", lambda j: j["data"]["limit"] == 2, 120, "the throttle", wd.log
+        )
+    finally:
+        release.set()
+    flood.append(holder)
     assert squeezed["data"]["ceiling"] == 4
     limits: list[int] = []
 
@@ -206,6 +215,42 @@ routes:
     history = httpx.get(wd.api + "/api/v1/actions", timeout=5).json()["data"]["history"]
     squeeze = [h for h in history if h["action"] == "squeeze"]
     assert squeeze and squeeze[-1]["outcome"] == "succeeded" and "4 -> 2" in squeeze[-1]["reason"], squeeze
+
+
+# The long completion that holds the engine; sampled, not greedy: a random model's greedy output repeats
+# itself and would ride the shared server's ngram drafts to its end in a fraction of the time. 1,800 tokens
+# take tens of seconds here; the squeeze needs one evaluation of the rule.
+HOLD_TOKENS = 1800
+
+
+def _hold(
+    base: str,
+    session: str,
+    results: list[tuple[str, int, dict[str, Any], float]],
+    running: threading.Event,
+    release: threading.Event,
+) -> None:
+    """A long completion streamed through the gateway: `running` is set at its first event, and the client
+    hangs up once `release` is set (vLLM aborts the request); appends to results as _completion does."""
+    body = {
+        "model": "tiny-llama",
+        "prompt": "the quick brown fox",
+        "max_tokens": HOLD_TOKENS,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    sent = time.monotonic()
+    headers = {"X-Session-ID": session}
+    try:
+        with CLIENT.stream("POST", base + "/v1/completions", json=body, headers=headers, timeout=120) as resp:
+            for _ in resp.iter_lines():
+                running.set()
+                if release.is_set():
+                    break
+            results.append((session, resp.status_code, {"sent": sent}, time.monotonic()))
+    finally:
+        running.set()  # an answer without events (an error) ends the wait too
 
 
 def _tool_step(session: str) -> dict[str, Any]:
@@ -266,7 +311,9 @@ def test_cached_token_ratios_match_what_vllm_reported(
     watchdog_with_gateway: Callable[[str], Watchdog],
 ) -> None:
     wd = watchdog_with_gateway("gateway: {listen: 127.0.0.1:GPORT}")
-    prefix = " ".join(f"word{i}" for i in range(300))  # several KV blocks, shared by every request
+    # Two KV blocks (vLLM's CPU backend holds 128 tokens in one; each word is 2-3 tokens), shared by every
+    # request: a longer prefix costs the first request's prefill and shows nothing more.
+    prefix = " ".join(f"word{i}" for i in range(120))  # 273 tokens with BOS
     seen_prompt = seen_cached = 0
     for i in range(4):
         body = {"model": "tiny-llama", "prompt": f"{prefix} question {i}", "max_tokens": 2, "temperature": 0}

@@ -17,11 +17,15 @@ from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
-FLOOD = 10  # requests; with --max-num-seqs 1 all but one wait
-# Sampled, not greedy: the shared server runs ngram speculative decoding, and a random model's greedy output
-# repeats itself, so drafts hit and a greedy flood drains in about a second on a fast machine; CI once saw
-# no queue at all that way. Sampled tokens defeat the ngram drafts and keep the queue up for many seconds.
-TOKENS = 256
+# The queue is held, not raced: one long sampled completion (streamed) runs in the engine (--max-num-seqs 1)
+# until the test has seen the alert fire, while QUEUED short ones wait behind it; then the test hangs up on the
+# long one (vLLM aborts it), the short ones run and the queue empties. Sampled, not greedy: the shared server
+# runs ngram speculative decoding, and a random model's greedy output repeats itself, so drafts would hit and the
+# long one would end in a fraction of its time. Its 1,800 tokens (with the 4-token prompt, under the model's
+# 2,048 positions) take tens of seconds here; the alert needs one scrape and the rule's 2 s `for:`.
+HOLD_TOKENS = 1800
+QUEUED = 4  # waiting behind the held request: over the rule's 2
+QUEUED_TOKENS = 16
 RULES = """
 groups:
   - name: queue
@@ -45,12 +49,33 @@ async def _complete(client: httpx.AsyncClient, url: str, seed: int) -> int:
     body = {
         "model": "tiny-llama",
         "prompt": "one two three",
-        "max_tokens": TOKENS,
+        "max_tokens": QUEUED_TOKENS,
         "temperature": 1.0,
         "seed": seed,
         "ignore_eos": True,
     }
     return (await client.post(url + "/v1/completions", json=body, timeout=180)).status_code
+
+
+async def _hold(client: httpx.AsyncClient, url: str, running: asyncio.Event, release: asyncio.Event) -> int:
+    """A long completion, streamed: `running` is set at its first token (the engine runs it), and the client
+    hangs up once `release` is set (vLLM aborts it). Its status."""
+    body = {
+        "model": "tiny-llama",
+        "prompt": "one two three",
+        "max_tokens": HOLD_TOKENS,
+        "temperature": 1.0,
+        "seed": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with client.stream("POST", url + "/v1/completions", json=body, timeout=180) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: "):
+                running.set()
+            if release.is_set():
+                break
+        return resp.status_code
 
 
 async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_server: VllmServer) -> None:
@@ -71,12 +96,16 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
     task = asyncio.create_task(d.run(ready))
     await asyncio.wait_for(ready.wait(), 30)
     base = f"http://127.0.0.1:{port}"
+    flood: list[asyncio.Task[int]] = []
     try:
         async with httpx.AsyncClient(timeout=10) as client:
             await wait_for(client, base + "/api/v1/targets", lambda j: targets(j)[0]["up"], limit=30)
             assert (await client.get(base + "/api/v1/alerts")).json()["data"]["alerts"] == []
             started = time.time()
-            flood = [asyncio.create_task(_complete(client, vllm_server.url, i)) for i in range(FLOOD)]
+            running, release = asyncio.Event(), asyncio.Event()
+            flood.append(asyncio.create_task(_hold(client, vllm_server.url, running, release)))
+            await asyncio.wait_for(running.wait(), 120)  # the long one runs: what follows waits behind it
+            flood += [asyncio.create_task(_complete(client, vllm_server.url, i)) for i in range(QUEUED)]
             try:
                 alerts = await wait_for(
                     client, base + "/api/v1/alerts", lambda j: firing(j, "QueueBacklog"), 120
@@ -100,11 +129,14 @@ async def test_rule_fires_on_a_real_queue_and_resolves(tmp_path: Path, vllm_serv
             (rule,) = rules["data"]["groups"][0]["rules"]
             assert rule["health"] == "ok" and rule["state"] == "firing"
             print(f"firing {time.time() - started:.1f}s after the flood began")
+            release.set()
             assert all(code == 200 for code in await asyncio.gather(*flood))
             await wait_for(
                 client, base + "/api/v1/alerts", lambda j: not j["data"]["alerts"], limit=60
             )  # resolved alerts leave the active list
             assert 'alertstate="firing"' not in (await client.get(base + "/metrics")).text
     finally:
+        for request in flood:  # a failed test leaves no request behind in the shared server
+            request.cancel()
         d.stop()
         await asyncio.wait_for(task, 10)

@@ -214,6 +214,10 @@ def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> 
             s.log = tmp / f"{s.name}.log"
             wd = start_watchdog(watchdog_config(tmp / s.name, s, vllm_server, dcgm, sink), s.log)
             stack.callback(lambda wd=wd: (wd.terminate(), wd.wait(20)))
+        # Prometheus starts while they do: it scrapes them once they listen (before, their `up` is 0)
+        ports = [s.port for s in setups.values()]
+        config = prometheus_config(vllm_server.url.removeprefix("http://"), ports, dcgm.port)
+        prom = stack.enter_context(running_prometheus(config, tmp / "prom"))
         for s in setups.values():
             ready = (
                 (lambda j: j["data"]["limit"] is not None)
@@ -221,9 +225,6 @@ def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> 
                 else (lambda j: j["status"] == "success")
             )
             poll(s.api + ("/api/v1/gateway" if s.gport else "/api/v1/targets"), ready, 60, s.name, s.log)
-        ports = [s.port for s in setups.values()]
-        config = prometheus_config(vllm_server.url.removeprefix("http://"), ports, dcgm.port)
-        prom = stack.enter_context(running_prometheus(config, tmp / "prom"))
         st = Stack(prom, setups)
         prom.wait_for('up{job="vllm"} == 1', timeout=30)
         st.load_start = time.time()

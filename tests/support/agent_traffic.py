@@ -33,13 +33,13 @@ def tool_messages(session: str, step: int) -> list[dict[str, Any]]:
     ]
 
 
-def agent(gateway: str, session: str, statuses: list[int], tokens: int = 24) -> None:
+def agent(gateway: str, session: str, statuses: list[int], tokens: int = 12) -> None:
     """Four steps with a growing context: completion, streamed completion, chat with tool calls, streamed chat."""
     common = {"model": "tiny-llama", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     usage = {"stream_options": {"include_usage": True}}
     history = ""
     for step in range(4):
-        history += f" {session} step {step}" * 20
+        history += f" {session} step {step}" * 5  # 36 tokens a step, prefilled anew (it names the session)
         if step < 2:
             body = common | {"prompt": PREFIX + history} | ({"stream": True} | usage if step == 1 else {})
             statuses.append(post(gateway, "/v1/completions", session, body))
