@@ -125,8 +125,8 @@ include: ["bundled:watchdog.yml"]
 actions:
   graceful-restart:  # the bundled one with shorter drain, stop and start-up grace
     type: restart
-    drain_timeout: 5s
-    stop_timeout: 20s
+    drain_timeout: 2s  # the request the hang holds never finishes: the drain always runs to its timeout
+    stop_timeout: 5s  # a frozen EngineCore keeps its API server from exiting on SIGTERM: always a SIGKILL
     ready_timeout: 5m
     startup_grace: {GRACE}s
     cooldown: 15m

@@ -188,7 +188,7 @@ notifiers:
         resumed = True
         assert resp.status_code == 200, resp.text
         for t in threads:
-            t.join(timeout=120)
+            t.join(timeout=LIMIT)  # each ends by itself: with its answer, or at its own timeout (LIMIT)
         assert [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in held] == [200] * len(
             threads
         ), held

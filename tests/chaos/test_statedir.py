@@ -3,7 +3,8 @@ disruptive actions it could not record, and recovers by itself once the director
 
 The state_dir is a real tmpfs: mounted read-only (root ignores file modes, so chmod would prove nothing) or
 small and filled up. The end-to-end tests run real watchdog processes against a FaultServer target in process
-mode, whose "vLLM" is a sleeping Python child: cheap to start, stop and restart. The unit tests at the top drive
+mode, whose "vLLM" is a sleeping Python child: cheap to start, stop and restart. They load the bundled rules
+with the state alert's `for:` cut from a minute to seconds (its timing is the rule tests' to prove). The unit tests at the top drive
 StateHealth and the SQLite fallbacks with real failures (a read-only connection, a directory where the file
 should be) and an injected probe.
 """
@@ -26,11 +27,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
-from tests.support.vllm_server import free_port
+from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import inbound_alert, poll, start_watchdog
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.notifiers.queue import MEMORY_ID_BASE, DeliveryQueue, NewItem
@@ -41,6 +43,7 @@ pytestmark = (
 )  # each test makes its own state dir and watchdog: any worker may run any of them
 
 ALERT = "VLLMWatchdogStateUnwritable"
+ALERT_FOR = "3s"  # bundled: 1m, which rules/tests/vllm.rules.test.yml proves; here only the wait for it
 METRICS = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="tiny"} 0
 # TYPE vllm:num_requests_waiting gauge
@@ -206,15 +209,27 @@ def test_queue_that_cannot_write_its_file_keeps_its_items(tmp_path: Path) -> Non
 # -- end to end: real watchdog processes ----------------------------------------------------------------------
 
 
+def _bundled_rules_with_short_for(path: Path) -> None:
+    """rules/vllm.rules.yml as it is, but for ALERT's `for:`, which becomes ALERT_FOR: the test waits for the
+    alert to fire, and a minute of real waiting per test proves nothing that the rule's unit test does not."""
+    doc = yaml.safe_load((ROOT / "rules" / "vllm.rules.yml").read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == ALERT]
+    assert len(rules) == 1 and rules[0]["for"] == "1m", rules
+    rules[0]["for"] = ALERT_FOR
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
 def _config(tmp_path: Path, port: int, fault: FaultServer, marker: str) -> Path:
     """A process-mode target whose 'vLLM' is a sleeping child (found by `marker`), scraped at the FaultServer;
-    inbound VLLMEngineHung restarts it; every alert goes to a webhook on the FaultServer."""
+    the bundled rules (ALERT's `for:` shortened); inbound VLLMEngineHung restarts it; every alert goes to a
+    webhook on the FaultServer."""
     sleeper = [sys.executable, "-c", "import time; time.sleep(3600)", marker]
+    _bundled_rules_with_short_for(tmp_path / "vllm.rules.yml")
     return write_config(
         tmp_path,
         target(fault.url, name="vllm-s", command=sleeper),
         port=port,
-        rest=f"""rule_files: ["bundled:vllm.rules.yml"]
+        rest=f"""rule_files: [vllm.rules.yml]
 routes:
   - {{match: {{alertname: VLLMEngineHung}}, actions: [restart]}}
 actions:
