@@ -132,3 +132,19 @@ def test_gc_keeps_each_name_for_its_own_retention() -> None:
     assert list(long.ts) == list(beyond.ts) == [t * 1000 for t in range(0, 101, 5)]
     store.gc(now=150.0)
     assert list(store.select("short")) == [] and len(next(iter(store.select("long"))).ts) == 11
+
+
+def test_gc_keeps_names_without_their_own_retention_for_the_other_retention() -> None:
+    store = SampleStore(retention=100.0)
+    store.retention_by_name = {"read": 100.0}
+    store.other_retention = 20.0
+    for name in ("read", "unread"):
+        series = store.get(make_labels(name, {}))
+        for t in range(0, 101, 5):
+            series.append(t * 1000, 1.0)
+        store.register(series)
+    store.gc(now=100.0)
+    (read,) = store.select("read")
+    (unread,) = store.select("unread")
+    assert len(read.ts) == 21
+    assert list(unread.ts) == [80_000, 85_000, 90_000, 95_000, 100_000]

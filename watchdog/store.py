@@ -138,8 +138,9 @@ class SampleStore:
     """All series, indexed by metric name; bounded by a retention window, per name where one is set."""
 
     def __init__(self, retention: float) -> None:
-        self.retention = retention  # the longest; names without their own keep this much
+        self.retention = retention  # the longest
         self.retention_by_name: dict[str, float] = {}
+        self.other_retention: float | None = None  # names without their own keep this much (None: retention)
         self._by_name: dict[str, dict[Labels, Series]] = {}
         self._count = 0
         self._version = 0
@@ -199,7 +200,8 @@ class SampleStore:
     def gc(self, now: float) -> int:
         """Trim samples older than the retention (the name's own, where set); drop series left empty. Returns
         series dropped."""
-        default_min_t = math.floor((now - self.retention) * 1000)
+        other = self.retention if self.other_retention is None else min(self.other_retention, self.retention)
+        default_min_t = math.floor((now - other) * 1000)
         own = self.retention_by_name
         dropped = 0
         for name in list(self._by_name):

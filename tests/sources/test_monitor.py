@@ -156,5 +156,20 @@ groups:
     m = Monitor(cfg, rules, client_factory=httpx.AsyncClient)
     margin = 2 + GC_SLACK  # the longer interval and the collection's slack
     assert m.store.retention == 1800 + margin  # the longest: the [30m] range
-    # `up` is always kept for the store's whole retention (the API and the rails read it too)
-    assert m.store.retention_by_name == {"long_total": 1800 + margin, "short": 300 + margin}
+    assert m.store.retention_by_name == {
+        "long_total": 1800 + margin,
+        "short": 300 + margin,
+        "up": 300 + margin,
+    }
+    # what no rule reads (the other always-kept names, ALERTS) keeps the lookback, not the longest range
+    assert m.store.other_retention == 300 + margin
+
+
+def test_with_keep_unreferenced_every_family_keeps_the_longest_range() -> None:
+    rules = parse_rule_file(
+        "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: rate(long_total[30m]) > 0\n",
+        "r.yml",
+    )
+    cfg = parse_config("global: {keep_unreferenced: true}\n", "c.yml", env={})
+    m = Monitor(cfg, rules, client_factory=httpx.AsyncClient)
+    assert m.store.other_retention is None  # the store's retention: the [30m] range and the margin

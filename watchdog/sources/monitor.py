@@ -117,10 +117,12 @@ class Monitor:
         self.store.retention = needs.max_lookback + margin
         # Each name for as long as its longest selector reads back: the bundled rules keep 40 minutes of the
         # few families a [30m] rate reads, and 5 of the rest (memory grows with the retention, for every
-        # target). The API and the query command see the same history the rules do.
-        self.store.retention_by_name = {
-            name: need + margin for name, need in needs.lookback_by_name.items() if name not in ALWAYS_KEPT
-        }
+        # target). The API and the query command see the same history the rules do. A name no rule reads
+        # (`up` and the other always kept, ALERTS) keeps the lookback, enough for an instant query and the
+        # rails' look at the sleep state; it kept the longest range before, 40 minutes of a series per target.
+        self.store.retention_by_name = {name: need + margin for name, need in needs.lookback_by_name.items()}
+        filtered = keep_names is not None  # keep_unreferenced: every family, as long as the longest range
+        self.store.other_retention = g.lookback_delta + margin if filtered else None
         old = self.targets
         same_scrape = self.config.global_ == g and self.keep_names == keep_names
         self.targets = {}
