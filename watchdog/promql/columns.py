@@ -106,7 +106,13 @@ def range_function(
             vals = s.vals
             v0 = vals[lo]
             change = vals[hi - 1] - v0
-            value = extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, is_counter, is_rate)
+            # No change (an idle counter, most buckets of a histogram): extrapolating scales it by a finite
+            # positive factor, which leaves a zero as it is, sign included.
+            value = (
+                change
+                if change == 0.0
+                else extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, is_counter, is_rate)
+            )
         if value is None:
             continue
         if groups is None:
