@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import uuid
@@ -95,6 +96,18 @@ def _no_orphaned_gateways() -> Iterator[None]:
     for pid in orphaned_gateways():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs a command in-process (`cli.main`) sets up logging for the whole process
+    (`logs.setup`): its handler writes to a stream pytest closes after the test, and its level (`--log-level
+    error`, say) hid the next test's warnings from caplog. Each test ends with the root logger as it began."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 @pytest.fixture
