@@ -32,6 +32,7 @@ import yaml
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.faultserver import FaultServer
+from tests.support.procs import command_lines
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import inbound_alert, poll, start_watchdog
 from vllm_watchdog.actions.state import ActionStore
@@ -243,15 +244,7 @@ notifiers:
 
 def _children(marker: str) -> list[int]:
     """PIDs of the sleeping 'vLLM' children of one test."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return [pid for pid, argv in command_lines() if marker.encode() in argv]
 
 
 def _metric(base: str, name: str, labels: str = "") -> float | None:

@@ -38,6 +38,7 @@ import pytest
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, target, write_config
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.procs import command_lines
 from tests.support.stub_server import write_stub
 from tests.support.tcpproxy import TcpProxy
 from tests.support.vllm_server import free_port
@@ -126,16 +127,11 @@ class Member:
 
 
 def _stubs_on(port: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"stub_server.py" in b" ".join(argv) and str(port).encode() in argv:
-                pids.append(int(entry.name))
-    return pids
+    return [
+        pid
+        for pid, argv in command_lines()
+        if b"stub_server.py" in b" ".join(argv) and str(port).encode() in argv
+    ]
 
 
 @dataclass

@@ -7,6 +7,7 @@ Session names are expected to show (they are labels by design): they prove the g
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -26,6 +27,7 @@ import pytest
 
 from tests.support.apitargets import targets
 from tests.support.configs import target, write_config
+from tests.support.procs import command_lines
 from tests.support.vllm_server import VllmServer, free_port
 from tests.support.watchdogproc import poll
 from vllm_watchdog import logs
@@ -126,14 +128,11 @@ gateway: {{listen: "127.0.0.1:{gport}", target: vllm-0}}
 
 def _kill_fake(fport: int) -> None:
     needle = SECRETS["--api-key on a command line"].encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes()
-                if needle in argv and str(fport).encode() in argv:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                pass
+    for pid, argv in command_lines():
+        raw = b"\0".join(argv)
+        if needle in raw and str(fport).encode() in raw:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _traffic(gateway: str) -> list[str]:

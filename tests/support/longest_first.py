@@ -51,6 +51,11 @@ LONG = 120.0  # seconds: a group this long starts real servers (every one in dur
 LONG_AT_ONCE = 3
 
 
+def _long(group: str) -> bool:
+    """A group of two minutes or more in the measured run."""
+    return measured().get(group, 0.0) >= LONG
+
+
 class LongestFirst(LoadGroupScheduling):
     """`--dist loadgroup` that keeps the collection's order (longest group first), hands a worker its next
     group only when it has one test left, and runs at most LONG_AT_ONCE long groups at once."""
@@ -77,10 +82,10 @@ class LongestFirst(LoadGroupScheduling):
             1
             for work in self.assigned_work.values()
             for scope, tests in work.items()
-            if measured().get(scope, 0.0) >= LONG and not all(tests.values())
+            if _long(scope) and not all(tests.values())
         )
         for scope in self.workqueue:
-            if measured().get(scope, 0.0) < LONG or running < cap:
+            if not _long(scope) or running < cap:
                 self.workqueue.move_to_end(scope, last=False)
                 super()._assign_work_unit(node)
                 return

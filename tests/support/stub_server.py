@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from tests.support.docker_engine import host_binds, remove_container, session_labels, unique_name, wait_http
+from tests.support.procs import command_lines
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.procfs import read_stat
 
@@ -167,14 +168,8 @@ def wait_status(url: str, status: int, limit: float = WAIT) -> None:
 def stubs_on(port: int, script: Path) -> list[int]:
     """Live processes running the stub script on `port` (process mode)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        stat = read_stat(int(entry.name))
+    for pid, argv in command_lines():
+        stat = read_stat(pid)
         if str(script).encode() in argv and str(port).encode() in argv and stat and not stat.gone:
-            pids.append(int(entry.name))
+            pids.append(pid)
     return pids

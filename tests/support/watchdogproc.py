@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.support.apitargets import targets
+from tests.support.procs import command_lines
 
 
 def start_watchdog(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -45,17 +46,11 @@ def poll(url: str, pred: Callable[[Any], bool], limit: float, what: str, log: Pa
 
 def api_servers(vport: int) -> list[int]:
     """PIDs of vLLM API servers listening on vport (by command line)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"vllm.entrypoints.openai.api_server" in argv and str(vport).encode() in argv:
-            pids.append(int(entry.name))
-    return pids
+    return [
+        pid
+        for pid, argv in command_lines()
+        if b"vllm.entrypoints.openai.api_server" in argv and str(vport).encode() in argv
+    ]
 
 
 START_LIMIT = 600.0  # bounds a hang, not a speed: a vLLM start beside 5 others on 2 cores took 283 s
