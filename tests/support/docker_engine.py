@@ -329,11 +329,13 @@ def wait_http(client: Any, name: str, url: str, timeout: float) -> float:
 
 
 def wait_exited(client: Any, name: str, timeout: float) -> dict[str, Any]:
-    """Wait (bounded) until the container named `name` has stopped; its State."""
+    """Wait (bounded) until the container named `name` has stopped; its State, with `ExitCode` the code this
+    exit ended with. A restart policy may already have started the container again by the time State is
+    read, and a running container's State says ExitCode 0: the code comes from Docker's answer to the wait."""
     found = client.containers.get(name)
-    found.wait(timeout=timeout)
+    code = found.wait(timeout=timeout)["StatusCode"]
     found.reload()
-    return dict(found.attrs["State"])
+    return {**found.attrs["State"], "ExitCode": code}
 
 
 def container_log(found: Any, n: int = 3000) -> str:
