@@ -7,7 +7,7 @@ A real GatewayServer (own thread and loop) in front of a real loopback upstream;
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from vllm_watchdog.actions.readiness import ReadyCheck
 from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
+from vllm_watchdog.gateway.channel import ChannelError
 from vllm_watchdog.gateway.feed import GatewayFeed
 from vllm_watchdog.gateway.handle import GatewayControl, GatewayControlOptions, window_quantile
 from vllm_watchdog.gateway.locallink import LocalLink
@@ -56,14 +57,16 @@ routes:
 class Rig:
     """A gateway, its control, an action store and a remediator, wired as the action plane wires them."""
 
-    def __init__(self, config: Config, store: ActionStore | None, clock: Clock) -> None:
+    def __init__(
+        self, config: Config, store: ActionStore | None, clock: Clock, link_type: type[LocalLink] = LocalLink
+    ) -> None:
         assert config.gateway is not None
         # A store of its own tells the control of drains, as the action plane's does; a given one (to outlive
         # this rig) only hands its drains over when the control attaches.
         store = store or ActionStore(None, on_drain=self._drain_changed)
         self.config, self.store, self.clock = config, store, clock
         self.server = GatewayServer(config.gateway, monotonic=clock)
-        link = LocalLink(self.server, monotonic=clock)
+        link = link_type(self.server, monotonic=clock)
         self.control = GatewayControl(
             config.gateway, GatewayControlOptions(link, store, clock=clock, monotonic=clock)
         )
@@ -103,8 +106,13 @@ async def rig() -> AsyncIterator[Callable[..., Any]]:
     upstream = Upstream()
     rigs: list[Rig] = []
 
-    async def make(store: ActionStore | None = None, clock: Clock | None = None, **kw: Any) -> Rig:
-        r = Rig(_config(upstream.url, **kw), store, clock or Clock())
+    async def make(
+        store: ActionStore | None = None,
+        clock: Clock | None = None,
+        link_type: type[LocalLink] = LocalLink,
+        **kw: Any,
+    ) -> Rig:
+        r = Rig(_config(upstream.url, **kw), store, clock or Clock(), link_type)
         await r.control.start()
         rigs.append(r)
         return r
@@ -222,6 +230,49 @@ async def test_throttle_and_breakers_survive_a_watchdog_restart(
         clock.now += 1.0
         await second.control.tick()
     assert second.limit() == 4
+
+
+class LostAtRestore(LocalLink):
+    """A gateway that answers hello, then is gone before the saved state reaches it (killed), until its own
+    supervisor starts it again: found by hello then, as ProcessLink.revive finds a gateway it does not
+    supervise."""
+
+    lost = False
+    down = False
+
+    async def request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
+        if self.down or (op == "restore" and not self.lost):
+            self.lost = self.down = True
+            raise ChannelError(
+                f"gateway control {op}: ConnectionResetError: [Errno 104] Connection reset by peer"
+            )
+        return await super().request(op, args)
+
+    async def revive(self) -> dict[str, Any] | None:
+        self.down = False
+        return dict(await super().request("hello"))
+
+
+async def test_a_gateway_lost_while_being_attached_gets_the_saved_state_when_it_answers_again(
+    rig: Callable[..., Any], tmp_path: Any
+) -> None:
+    clock = Clock()
+    store = ActionStore(str(tmp_path / "actions.sqlite"))
+    first = await rig(store=store, clock=clock)
+    first.remediator.handle([_alert("Busy"), _alert("Loop", session="agent-7")], clock())
+    await first.settle(2)
+    await first.aclose()
+    store.close()
+
+    second = await rig(
+        store=ActionStore(str(tmp_path / "actions.sqlite")), clock=clock, link_type=LostAtRestore
+    )
+    assert not second.control.reachable  # start() went on: the daemon monitors without its gateway
+    assert second.limit() == 4  # nothing restored yet
+    assert await second.control.tick() is not None  # the next command finds it again, and restores first
+    assert second.control.reachable
+    assert second.limit() == 2
+    assert "agent-7" in second.server.call_sync(second.server.gate.breakers, timeout=10)
 
 
 def test_window_quantile_interpolates_within_the_bucket() -> None:

@@ -102,7 +102,16 @@ class GatewayControl:
                 extra={"target": self.target, "error": str(exc)},
             )
             return
-        await self._attached(hello)
+        try:
+            await self._attached(hello)
+        except ChannelError as exc:
+            # It answered hello, then went (killed, restarted by its supervisor): not a reason to stop
+            # monitoring. The next command revives or finds it, and a fresh one gets the saved state then.
+            self.reachable = False
+            log.error(
+                "the gateway stopped answering while it was being attached: it is attached when it answers",
+                extra={"target": self.target, "error": str(exc)},
+            )
 
     async def _attached(self, hello: Mapping[str, Any]) -> None:
         """A gateway answered for the first time: a new one takes the saved state; an adopted one (it outlived
