@@ -53,6 +53,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 # Own metrics read at the window's edges: sample name -> short key (values summed over labels).
 DAEMON_METRICS = {"vllm_watchdog_scrapes_total": "scrapes", "vllm_watchdog_scrape_errors_total": "errors"}
 DAEMON_METRICS |= {"vllm_watchdog_missed_deadlines_total": "missed", "vllm_watchdog_target_up": "up"}
+STORE_METRICS = {"vllm_watchdog_store_samples": "samples", "vllm_watchdog_store_series": "series"}
 PROM_METRICS = {"prometheus_target_interval_length_seconds_count": "scrapes"}  # +1 per scrape
 PROM_METRICS |= {"prometheus_rule_group_rules": "rules", "prometheus_rule_evaluations_total": "evals"}
 PROM_METRICS |= {"prometheus_rule_group_iterations_missed_total": "missed"}
@@ -250,6 +251,12 @@ def own_metrics(port: int, names: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def store(port: int) -> tuple[float, float]:
+    """Samples and series the daemon's store holds: how much of its RSS over time is data it must keep."""
+    held = own_metrics(port, STORE_METRICS)
+    return held["samples"], held["series"]
+
+
 def prometheus_up(port: int) -> int:
     """How many targets Prometheus' `up` says are up."""
     url = f"http://127.0.0.1:{port}/api/v1/query"
@@ -279,16 +286,17 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         rss_start = {k: rss_mib(v) for k, v in groups.items()}
         rss_max = dict.fromkeys(groups, 0.0)
         every = args.rss_every or (600.0 if args.duration >= 1200 else 0.0)
-        res["rss_over_time"] = over_time = [(0.0, rss_start["daemon"], rss_start["prometheus"])]
+        res["rss_over_time"] = over_time = [(0.0, rss_start["daemon"], rss_start["prometheus"], store(dport))]
         next_mark = every or math.inf
         while (left := m0 + args.duration - time.monotonic()) > 0:
             rss = {k: rss_mib(v) for k, v in groups.items()}
             rss_max = {k: max(rss_max[k], rss[k]) for k in groups}
             if (elapsed := time.monotonic() - m0) >= next_mark:
-                over_time.append((elapsed, rss["daemon"], rss["prometheus"]))
+                over_time.append((elapsed, rss["daemon"], rss["prometheus"], held := store(dport)))
                 next_mark += every
                 print(f"  {elapsed / 60:5.1f} min: RSS daemon {rss['daemon']:.1f} MiB, "
-                      f"prometheus {rss['prometheus']:.1f} MiB", flush=True)  # fmt: skip
+                      f"prometheus {rss['prometheus']:.1f} MiB; the daemon's store holds {held[0]:.0f} "
+                      f"samples of {held[1]:.0f} series", flush=True)  # fmt: skip
             time.sleep(min(1.0, left))
         busy1, cpu1, m1 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
         d1, p1 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
@@ -296,7 +304,7 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         res["machine_busy_pct"] = 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
         res["scrapes_expected"] = args.targets * window
         if every:
-            over_time.append((window, rss_mib(groups["daemon"]), rss_mib(groups["prometheus"])))
+            over_time.append((window, rss_mib(groups["daemon"]), rss_mib(groups["prometheus"]), store(dport)))
         for k, v in groups.items():
             res[k] = {"cpu_pct": 100 * (cpu1[k] - cpu0[k]) / window, "rss_end_mib": rss_mib(v)}
             res[k]["rss_start_mib"] = rss_start[k]
@@ -344,9 +352,9 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           f"everything else (this script, other load) {busy - ours:.1f}%")  # fmt: skip
     if len(res["rss_over_time"]) > 1:
         print("RSS over the window (MiB):")
-        print(f"  {'minute':>8}{'vllm-watchdog':>16}{'prometheus':>14}")
-        for elapsed, ours, theirs in res["rss_over_time"]:
-            print(f"  {elapsed / 60:8.1f}{ours:16.1f}{theirs:14.1f}")
+        print(f"  {'minute':>8}{'vllm-watchdog':>16}{'prometheus':>14}{'store samples':>16}{'series':>9}")
+        for elapsed, ours, theirs, (samples, series) in res["rss_over_time"]:
+            print(f"  {elapsed / 60:8.1f}{ours:16.1f}{theirs:14.1f}{samples:16.0f}{series:9.0f}")
     print(f"target scrapes expected: {args.targets} targets x {window:.1f} s = {res['scrapes_expected']:.0f}")
     for label, r in (("daemon", d), ("prometheus", pr)):
         not_done = r["scrapes_not_done"]
