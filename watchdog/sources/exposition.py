@@ -112,13 +112,13 @@ def scan(
         line = full.strip(" \t\r")
         if not line or line[0] == "#":
             continue
-        raw, brace, tail = line.rpartition("}")
-        if brace:
-            raw += brace
-        elif "{" in line:
-            raise ExpositionError(lines.index(full) + 1, f"unterminated label block: {_clip(line)}")
-        else:
-            raw, _, tail = line.replace("\t", " ").partition(" ")
+        # The key is the series up to its last '}' (left out: one string copy less per line); a series with no
+        # label block cannot hold '{', so the two kinds of key never meet.
+        key, brace, tail = line.rpartition("}")
+        if not brace:
+            if "{" in line:
+                raise ExpositionError(lines.index(full) + 1, f"unterminated label block: {_clip(line)}")
+            key, _, tail = line.replace("\t", " ").partition(" ")
         ts: int | None = None
         try:
             value = float(tail)
@@ -128,10 +128,11 @@ def scan(
             if "_" in tail or not tail.isascii():
                 raise ExpositionError(lines.index(full) + 1, f"invalid value: {_clip(tail.strip())}")
         count += 1
-        handle = get(raw)
+        handle = get(key)
         if handle is None:
+            raw = key + brace
             try:
-                handle = handles[raw] = new(raw)
+                handle = handles[key] = new(raw)
             except ExpositionError as exc:
                 raise ExpositionError(exc.line or find_line(text, raw), exc.message) from None
         if ts is None:
