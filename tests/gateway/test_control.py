@@ -207,16 +207,21 @@ async def test_drain_flags_in_the_store_reach_the_gateway(rig: Callable[..., Any
     assert await draining() and "vllm-0" in r.store.drains()
 
 
-async def test_throttle_and_breakers_survive_a_watchdog_restart(
-    rig: Callable[..., Any], tmp_path: Any
-) -> None:
-    clock = Clock()
+async def _throttle_and_break_then_stop(rig: Callable[..., Any], tmp_path: Any, clock: Clock) -> None:
+    """A watchdog throttles vllm-0 and opens a breaker on session agent-7, saved in tmp_path; then it stops."""
     store = ActionStore(str(tmp_path / "actions.sqlite"))
     first = await rig(store=store, clock=clock)
     first.remediator.handle([_alert("Busy"), _alert("Loop", session="agent-7")], clock())
     await first.settle(2)
     await first.aclose()
     store.close()
+
+
+async def test_throttle_and_breakers_survive_a_watchdog_restart(
+    rig: Callable[..., Any], tmp_path: Any
+) -> None:
+    clock = Clock()
+    await _throttle_and_break_then_stop(rig, tmp_path, clock)
 
     clock.now += 30
     again = ActionStore(str(tmp_path / "actions.sqlite"))
@@ -257,12 +262,7 @@ async def test_a_gateway_lost_while_being_attached_gets_the_saved_state_when_it_
     rig: Callable[..., Any], tmp_path: Any
 ) -> None:
     clock = Clock()
-    store = ActionStore(str(tmp_path / "actions.sqlite"))
-    first = await rig(store=store, clock=clock)
-    first.remediator.handle([_alert("Busy"), _alert("Loop", session="agent-7")], clock())
-    await first.settle(2)
-    await first.aclose()
-    store.close()
+    await _throttle_and_break_then_stop(rig, tmp_path, clock)
 
     second = await rig(
         store=ActionStore(str(tmp_path / "actions.sqlite")), clock=clock, link_type=LostAtRestore
