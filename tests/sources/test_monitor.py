@@ -21,7 +21,14 @@ pytestmark = pytest.mark.anyio
 
 
 def monitor(url: str, clock: Clock) -> Monitor:
-    cfg = parse_config(f"targets: [{{name: t, url: '{url}', canary: false}}]\n", "c.yml", env={})
+    # Bounds far above any loopback answer: on a loaded machine a 1 s scrape timeout turned one 503 into a
+    # timeout, a failure of another kind, and the test saw a "changed" line it did not ask for.
+    cfg = parse_config(
+        "global: {scrape_interval: 30s, scrape_timeout: 30s}\n"
+        f"targets: [{{name: t, url: '{url}', canary: false, health_timeout: 30s}}]\n",
+        "c.yml",
+        env={},
+    )
     return Monitor(cfg, (), client_factory=httpx.AsyncClient, monotonic=clock)
 
 
