@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.configs import target, write_config
-from tests.support.vllm_server import VllmServer, free_port
+from tests.support.vllm_server import VllmServer, free_port, holding_completion
 from tests.support.watchdogproc import poll, start_watchdog
 
 pytestmark = pytest.mark.vllm
@@ -217,12 +217,6 @@ routes:
     assert squeeze and squeeze[-1]["outcome"] == "succeeded" and "4 -> 2" in squeeze[-1]["reason"], squeeze
 
 
-# The long completion that holds the engine; sampled, not greedy: a random model's greedy output repeats
-# itself and would ride the shared server's ngram drafts to its end in a fraction of the time. 1,800 tokens
-# take tens of seconds here; the squeeze needs one evaluation of the rule.
-HOLD_TOKENS = 1800
-
-
 def _hold(
     base: str,
     session: str,
@@ -231,15 +225,9 @@ def _hold(
     release: threading.Event,
 ) -> None:
     """A long completion streamed through the gateway: `running` is set at its first event, and the client
-    hangs up once `release` is set (vLLM aborts the request); appends to results as _completion does."""
-    body = {
-        "model": "tiny-llama",
-        "prompt": "the quick brown fox",
-        "max_tokens": HOLD_TOKENS,
-        "temperature": 1.0,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    hangs up once `release` is set (vLLM aborts the request); appends to results as _completion does. The
+    squeeze needs one evaluation of the rule, far less than the completion lasts."""
+    body = holding_completion("the quick brown fox")
     sent = time.monotonic()
     headers = {"X-Session-ID": session}
     try:

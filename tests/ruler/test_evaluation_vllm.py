@@ -13,17 +13,14 @@ import pytest
 from tests.service.test_daemon import wait_for
 from tests.support.apitargets import targets
 from tests.support.configs import target, watchdog_yaml
-from tests.support.vllm_server import VllmServer, free_port
+from tests.support.vllm_server import VllmServer, free_port, holding_completion
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
-# The queue is held, not raced: one long sampled completion (streamed) runs in the engine (--max-num-seqs 1)
-# until the test has seen the alert fire, while QUEUED short ones wait behind it; then the test hangs up on the
-# long one (vLLM aborts it), the short ones run and the queue empties. Sampled, not greedy: the shared server
-# runs ngram speculative decoding, and a random model's greedy output repeats itself, so drafts would hit and the
-# long one would end in a fraction of its time. Its 1,800 tokens (with the 4-token prompt, under the model's
-# 2,048 positions) take tens of seconds here; the alert needs one scrape and the rule's 2 s `for:`.
-HOLD_TOKENS = 1800
+# The queue is held, not raced: one long completion (tests.support.vllm_server.holding_completion) runs in the
+# engine (--max-num-seqs 1) until the test has seen the alert fire, while QUEUED short ones wait behind it; then
+# the test hangs up on the long one (vLLM aborts it), the short ones run and the queue empties. The alert needs
+# one scrape and the rule's 2 s `for:`, far less than the long one lasts.
 QUEUED = 4  # waiting behind the held request: over the rule's 2
 QUEUED_TOKENS = 16
 RULES = """
@@ -60,15 +57,7 @@ async def _complete(client: httpx.AsyncClient, url: str, seed: int) -> int:
 async def _hold(client: httpx.AsyncClient, url: str, running: asyncio.Event, release: asyncio.Event) -> int:
     """A long completion, streamed: `running` is set at its first token (the engine runs it), and the client
     hangs up once `release` is set (vLLM aborts it). Its status."""
-    body = {
-        "model": "tiny-llama",
-        "prompt": "one two three",
-        "max_tokens": HOLD_TOKENS,
-        "temperature": 1.0,
-        "seed": 1000,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    body = holding_completion("one two three", seed=1000)
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=180) as resp:
         async for line in resp.aiter_lines():
             if line.startswith("data: "):

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +18,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 600.0  # bounds a hang, not a speed: alone 20-40 s, beside 5 other starts on 2 cores 283 s
 NGRAM_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+
+
+def holding_completion(prompt: str, **extra: Any) -> dict[str, Any]:
+    """The body of a long streamed completion that keeps the shared server's one sequence busy until the
+    client hangs up (vLLM aborts it then), so a test holds a queue or a flood for as long as it needs and no
+    longer. Sampled, not greedy: a random model's greedy output repeats itself and would ride the server's
+    ngram drafts to its end in a fraction of the time. 1,800 tokens (with a short prompt, under the model's
+    2,048 positions) take tens of seconds here."""
+    return {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": 1800,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "stream": True,
+        **extra,
+    }
 
 
 def free_port() -> int:
