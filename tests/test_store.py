@@ -116,14 +116,19 @@ def test_version_changes_when_series_come_and_go() -> None:
     assert store.version("x") > v2
 
 
-def test_gc_keeps_each_name_for_its_own_retention() -> None:
-    store = SampleStore(retention=100.0)
-    store.retention_by_name = {"short": 10.0, "beyond": 1000.0}  # capped at the store's retention
-    for name in ("short", "long", "beyond"):
+def _every_5s_until_100s(store: SampleStore, *names: str) -> None:
+    """One unlabelled series per name, with a sample every 5 s from 0 to 100 s."""
+    for name in names:
         series = store.get(make_labels(name, {}))
         for t in range(0, 101, 5):
             series.append(t * 1000, 1.0)
         store.register(series)
+
+
+def test_gc_keeps_each_name_for_its_own_retention() -> None:
+    store = SampleStore(retention=100.0)
+    store.retention_by_name = {"short": 10.0, "beyond": 1000.0}  # capped at the store's retention
+    _every_5s_until_100s(store, "short", "long", "beyond")
     store.gc(now=100.0)
     (short,) = store.select("short")
     (long,) = store.select("long")
@@ -138,11 +143,7 @@ def test_gc_keeps_names_without_their_own_retention_for_the_other_retention() ->
     store = SampleStore(retention=100.0)
     store.retention_by_name = {"read": 100.0}
     store.other_retention = 20.0
-    for name in ("read", "unread"):
-        series = store.get(make_labels(name, {}))
-        for t in range(0, 101, 5):
-            series.append(t * 1000, 1.0)
-        store.register(series)
+    _every_5s_until_100s(store, "read", "unread")
     store.gc(now=100.0)
     (read,) = store.select("read")
     (unread,) = store.select("unread")

@@ -239,7 +239,7 @@ async def test_throttle_and_breakers_survive_a_watchdog_restart(
 
 class LostAtRestore(LocalLink):
     """A gateway that answers hello, then is gone before the saved state reaches it (killed), until its own
-    supervisor starts it again: found by hello then, as ProcessLink.revive finds a gateway it does not
+    supervisor starts it again: found by hello then, as GatewayProcess.revive finds a gateway it does not
     supervise."""
 
     lost = False
