@@ -61,6 +61,32 @@ async def test_jobs_start_at_their_stable_offset_and_keep_their_interval_without
     assert schedule.counters.missed_deadlines == {}
 
 
+async def test_one_targets_scrape_and_probe_share_their_times_and_all_upkeep_shares_one_grid(
+    clock: Clock, schedule: Schedule
+) -> None:
+    # Each phase is one wake-up of the process: targets stay spread, as in Prometheus, but a target's scrape
+    # and /health probe run together, and the daemon's own upkeep at any whole-second interval runs together.
+    runs: dict[str, list[float]] = {}
+    target_jobs = [f"{kind}:{name}" for name in ("a", "b") for kind in ("scrape", "health")]
+    upkeep = {"eval:f;fast": 1.0, "eval:f;slow": 2.0, "notify": 1.0, "api": 1.0, "self": 1.0, "gc": 15.0}
+    jobs = {**dict.fromkeys(target_jobs, 1.0), **upkeep, "discovery:files": 30.0}
+    schedule.replace([(job, recorder(runs.setdefault(job, []), clock), every) for job, every in jobs.items()])
+    due = schedule.due_times()
+    assert due["scrape:a"] == due["health:a"] != due["scrape:b"] == due["health:b"]
+    assert len({due[job] for job in upkeep}) == 1
+    assert due["discovery:files"] not in {due["scrape:a"], due["scrape:b"], due["notify"]}
+    schedule.start()
+    await clock.run(61.0)
+    assert runs["scrape:a"] == runs["health:a"] != runs["scrape:b"] == runs["health:b"]
+    assert (
+        len(runs["notify"]) in (60, 61)
+        and runs["notify"] == runs["api"] == runs["self"] == runs["eval:f;fast"]
+    )
+    for job in ("eval:f;slow", "gc"):  # every run of a longer upkeep interval lands on a one-second tick
+        assert len(runs[job]) >= 4 and set(runs[job]) <= set(runs["notify"])
+    assert schedule.counters.missed_deadlines == {}
+
+
 async def test_a_run_that_outlasts_its_interval_never_overlaps_and_each_skip_counts(
     clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -192,6 +192,7 @@ class Daemon:
         for key in ev.group_keys():
             jobs.append((f"eval:{key[0]};{key[1]}", functools.partial(ev.evaluate, key), ev.interval(key)))
         jobs += [("notify", actions.deliver, 1.0), ("actions", actions.tick, 1.0)]
+        jobs.append(("api", self.server.tick, 1.0))  # the Date header
         for name, interval in self.discovery.jobs():
             jobs.append((f"discovery:{name}", functools.partial(self._discover, name), interval))
         if actions.gateway is not None:
