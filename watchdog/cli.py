@@ -53,8 +53,7 @@ def _load(args: argparse.Namespace, path: str | None = None) -> tuple[Config, tu
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
-    import asyncio
-
+    from . import eventloop
     from .fdlimits import raise_open_files_limit
     from .service.daemon import Daemon, DaemonOptions
 
@@ -70,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 external_gateway=args.external_gateway,
             )
         )
-        asyncio.run(daemon.run())
+        eventloop.run(daemon.run())
     except ConfigError as exc:
         _print_problems(exc)
         return EXIT_CONFIG

@@ -13,11 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import uvicorn
 
-try:
-    from uvloop import new_event_loop
-except ImportError:  # uvloop is optional; asyncio's loop is slower
-    from asyncio import new_event_loop  # type: ignore[assignment]
-
+from ..eventloop import new_event_loop
 from ..fdlimits import AcceptErrors
 from ..listener import Listener, ListenerLimits
 from .admission import Gate
