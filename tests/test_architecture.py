@@ -49,6 +49,7 @@ SHARED_LEAVES = frozenset(
         "",  # the package: __version__
         ".background",
         ".errors",
+        ".eventloop",
         ".exitcodes",
         ".failpoints",
         ".fdlimits",
