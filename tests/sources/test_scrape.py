@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -103,6 +104,41 @@ async def test_sample_limit_fails_the_whole_scrape_atomically(fault: FaultServer
     status = await target(store, fault.url, sample_limit=10).scrape(T0)
     assert not status.up and "sample_limit exceeded: 20 samples > limit 10" in (status.last_error or "")
     assert list(store.select("x")) == []  # nothing half-committed
+
+
+async def test_a_series_explosion_is_counted_off_the_event_loop_once(
+    fault: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The count of an over-limit body is the one slow step of a scrape that never reaches the store: 0.4 s for
+    # 300,000 series. It runs in a worker thread, so other targets' scrapes go on meanwhile, and only once.
+    fault.set("/metrics", "".join(f'x{{i="{i}"}} 1\n' for i in range(20)))
+    counted_on: list[int] = []
+    original = ScrapeTarget._count_samples
+
+    def counting(self: ScrapeTarget, text: str) -> None:
+        counted_on.append(threading.get_ident())
+        original(self, text)
+
+    monkeypatch.setattr(ScrapeTarget, "_count_samples", counting)
+    status = await target(SampleStore(600), fault.url, sample_limit=10).scrape(T0)
+    assert not status.up and status.error_kind == "sample_limit"
+    assert len(counted_on) == 1 and counted_on[0] != threading.get_ident()
+    # Under the limit (but with as many lines as the limit: comments), it is counted once, off the loop, too.
+    counted_on.clear()
+    fault.set("/metrics", "# a comment\n" * 10 + "x 1\n")
+    status = await target(SampleStore(600), fault.url, sample_limit=10).scrape(T0)
+    assert (
+        status.up and status.samples == 1 and len(counted_on) == 1 and counted_on[0] != threading.get_ident()
+    )
+
+
+async def test_a_malformed_line_in_an_exploding_body_is_a_parse_error_as_in_prometheus(
+    fault: FaultServer,
+) -> None:
+    fault.set("/metrics", "".join(f"x_{i} 1\n" for i in range(20)) + "x_bad one\n")
+    status = await target(SampleStore(600), fault.url, sample_limit=10).scrape(T0)
+    assert not status.up and status.error_kind == "parse"
+    assert status.last_error is not None and "parse error: line 21: invalid value" in status.last_error
 
 
 async def test_slow_target_does_not_block_another(fault: FaultServer) -> None:
