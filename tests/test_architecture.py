@@ -49,7 +49,6 @@ SHARED_LEAVES = frozenset(
         "",  # the package: __version__
         ".background",
         ".errors",
-        ".eventloop",
         ".exitcodes",
         ".failpoints",
         ".fdlimits",

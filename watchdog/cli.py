@@ -53,7 +53,8 @@ def _load(args: argparse.Namespace, path: str | None = None) -> tuple[Config, tu
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
-    from . import eventloop
+    import asyncio
+
     from .fdlimits import raise_open_files_limit
     from .service.daemon import Daemon, DaemonOptions
 
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 external_gateway=args.external_gateway,
             )
         )
-        eventloop.run(daemon.run())
+        asyncio.run(daemon.run())
     except ConfigError as exc:
         _print_problems(exc)
         return EXIT_CONFIG

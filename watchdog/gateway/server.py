@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import uvicorn
 
-from ..eventloop import new_event_loop
+try:
+    from uvloop import new_event_loop
+except ImportError:  # uvloop is optional; asyncio's loop is slower
+    from asyncio import new_event_loop  # type: ignore[assignment]
+
 from ..fdlimits import AcceptErrors
 from ..listener import Listener, ListenerLimits
 from .admission import Gate
