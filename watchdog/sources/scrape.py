@@ -25,6 +25,13 @@ _SKIP = Series(())  # cached for series that the rules do not need
 # stored would make every later sample of its series out of order, freezing the series.
 MAX_AHEAD_MS = 10 * 60 * 1000
 MAX_BEHIND_MS = 60 * 60 * 1000
+
+
+def _parse_error(exc: ExpositionError) -> ScrapeError:
+    """The scrape error of a malformed body, with the line that is wrong."""
+    return ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse")
+
+
 OUT_OF_BOUNDS = "error on ingesting samples that are too old or are too far into the future"
 _HEADERS = {
     "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
@@ -166,7 +173,7 @@ class ScrapeTarget:
             lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
             batch, count, dropped = scan(text, cache, self._series_for, _SKIP, t_ms, lowest, highest)
         except ExpositionError as exc:
-            raise ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse") from exc
+            raise _parse_error(exc) from exc
         self.exposure.commit(batch, t_ms)
         self.status.out_of_bounds = dropped
         self.status.out_of_bounds_total += dropped
@@ -200,7 +207,7 @@ class ScrapeTarget:
             try:
                 await asyncio.to_thread(self._count_samples, text)
             except ExpositionError as exc:
-                raise ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse") from exc
+                raise _parse_error(exc) from exc
 
     def _synth(self, name: str, t_ms: int, value: float) -> None:
         series = self._synthetic.get(name)
