@@ -11,7 +11,10 @@ value equal in both must also be written the same). What may legitimately differ
   only if it scrapes the watchdog (this one does not);
 * raw samples (a range selector in an instant query): each scraper stamps its own scrape times;
 * a window in which either side's scrape failed (past its 1 s timeout on a loaded machine: the target's series
-  go stale there): the query is asked again for a later window, and fails only if every scrape worked.
+  go stale there) or was skipped (its deadline missed): the query is asked again for a later window, and fails
+  only if every scrape happened and worked;
+* a scrape still being read when the query comes: each query waits until both sides have stored a scrape
+  begun after its time.
 """
 
 from __future__ import annotations
@@ -222,17 +225,37 @@ def _now() -> float:
 
 
 def _every_scrape_worked(pair: Pair, at: float) -> bool:
-    """Whether both scraped every target at each interval of the RANGE + rate window + 2 s before `at`."""
-    params = {"query": f"min_over_time(up[{RANGE + 6:g}s])", "time": str(at)}
+    """Whether both scraped every target at each interval of the RANGE + rate window + 2 s before `at`, and
+    each scrape worked: up summed over the window is its number of 1 s intervals. A scrape skipped (its
+    deadline missed on a loaded machine) leaves a gap, and a rate over it extrapolates less, as it should."""
+    params = {"query": f"sum_over_time(up[{RANGE + 6:g}s])", "time": str(at)}
     answers = pair.get("/api/v1/query", params)
-    return all(float(s["value"][1]) == 1 for a in answers for s in a.json()["data"]["result"])
+    return all(float(s["value"][1]) == RANGE + 6 for a in answers for s in a.json()["data"]["result"])
+
+
+def _caught_up(pair: Pair, at: float) -> bool:
+    """Whether both sides have stored a scrape of every target that began after `at`. A target's scrapes run
+    one at a time on both, so then every sample stamped up to `at` is in both stores. Without this wait a
+    scrape that began before `at` but was still being read when the query came (0.6 s on a loaded machine)
+    leaves its newest point out of one side's window, and that side's rate extrapolates less (CI saw 0.42
+    against 0.5)."""
+    answers = pair.get("/api/v1/query", {"query": "min(timestamp(up))"})
+    return all(
+        a.status_code == 200 and any(float(s["value"][1]) > at for s in a.json()["data"]["result"])
+        for a in answers
+    )
 
 
 def _agree(pair: Pair, path: str, params: Callable[[float], dict[str, str]], where: str) -> None:
-    """The same query answered alike; asked again at a later time while a scrape failed on either side in
-    its window (a scrape past its 1 s timeout on a loaded machine marks the target's series stale there)."""
+    """The same query answered alike, once both have stored every scrape up to its time; asked again at a
+    later time while a scrape failed on either side in its window (a scrape past its 1 s timeout on a loaded
+    machine marks the target's series stale there)."""
     for _ in range(10):
         at = _now()
+        for _wait in range(50):  # a scrape is over in 1 s (its timeout): normally caught up at once
+            if _caught_up(pair, at):
+                break
+            time.sleep(0.1)
         try:
             _compare(*pair.get(path, params(at)), where)
             return
