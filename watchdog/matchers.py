@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from .config.yamlnodes import Node
 from .goregex import RegexError, compile_anchored
 
-_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$')
+_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*")
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -46,16 +47,15 @@ def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> boo
 
 def parse_matcher(text: str) -> Matcher:
     """Parse `name=value`, `name!="v"`, `name=~"re"` or `name!~re`; ValueError if malformed."""
-    m = _MATCHER.match(text)
-    if m is None:
+    head = _HEAD.match(text)
+    rest = text[head.end() :].rstrip() if head is not None else ""
+    quoted = _QUOTED.fullmatch(rest) if head is not None else None
+    if head is None or (quoted is None and "\n" in rest):  # an unquoted value is one line
         raise ValueError(
             f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"'
         )
-    name, op = m.group(1), m.group(2)
-    value = m.group(3) if m.group(3) is not None else m.group(4)
-    if m.group(3) is not None:
-        value = re.sub(r"\\(.)", r"\1", value)
-    return make_matcher(name, op, value)
+    value = rest if quoted is None else re.sub(r"\\(.)", r"\1", quoted.group(1))
+    return make_matcher(head.group(1), head.group(2), value)
 
 
 def make_matcher(name: str, op: str, value: str) -> Matcher:

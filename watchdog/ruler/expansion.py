@@ -11,20 +11,29 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from ..store import Labels
 from ..templates import Template, TemplateError
 
 log = logging.getLogger(__name__)
 
-_ACTION = re.compile(r"\{\{(.*?)\}\}", re.S)
 _TOKEN = re.compile(r"\$\w*(?:\.\w+)*|\d+(?:\.\d+)?|\w+|\S")
+
+
+def _actions(text: str) -> Iterator[str]:
+    """What stands between each `{{` and the first `}}` after it, left to right. Found with str.find, in
+    linear time: a regex `{{(.*?)}}` scans to the end of the text from every `{{` that no `}}` follows (a rule
+    file can hold 8 MB of them; 40 kB took 34 s)."""
+    at = 0
+    while (start := text.find("{{", at)) >= 0 and (end := text.find("}}", start + 2)) >= 0:
+        yield text[start + 2 : end]
+        at = end + 2
 
 
 def reads_value(text: str) -> bool:
     """Whether a template may read the alert's value: `$value`, or the data root through `$` or the cursor."""
-    for action in _ACTION.findall(text):
+    for action in _actions(text):
         if any(c in action for c in "\"'`/"):  # a string or a comment could hide the closing delimiter
             return True
         for token in _TOKEN.findall(action):
