@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.promtool import promtool_eval
 from vllm_watchdog.promtool.series import NotationError, go_number, parse_metric, parse_series, parse_values
@@ -105,3 +108,30 @@ def test_expansion_matches_promtool() -> None:
             assert len(want.samples) == 1, (text, step)
             got = want.samples[0][1]
             assert got == expected or (math.isnan(got) and math.isnan(expected)), (text, step, got, expected)
+
+
+# The backtracking regex that read a decimal before: hypothesis checks the new one against it on short texts,
+# and a 200 kB non-number (20 kB took the old one 52 s, growing with the square) must be refused; a quadratic
+# regex would not finish it within the suite's timeout.
+OLD_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+NUMBERS = st.text(alphabet="0123456789.eE+-x_", max_size=10)
+SIZE = 200_000
+
+
+@settings(max_examples=600, deadline=None)
+@given(NUMBERS)
+def test_numbers_read_as_the_backtracking_regex_did(text: str) -> None:
+    if text.isdigit():
+        return  # read as an integer first, by no regex
+    try:
+        go_number(text)
+    except ValueError:
+        assert OLD_DECIMAL.fullmatch(text) is None
+    else:
+        assert OLD_DECIMAL.fullmatch(text) is not None
+
+
+def test_a_200_kb_number_that_is_not_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="invalid syntax"):
+        go_number("1" * SIZE + "x")
+    assert go_number("1" * 300 + "." + "5" * SIZE) == float("1" * 300 + ".5")

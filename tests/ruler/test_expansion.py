@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.ruler.test_alerting import alerting, sample, table
 from vllm_watchdog.ruler.expansion import Expander, reads_value
@@ -108,3 +111,34 @@ def test_new_external_labels_expand_again() -> None:
 def test_expander_without_template_returns_the_text() -> None:
     expander = Expander("no braces", "R")
     assert expander.expand_for((), {}, 1.0, {}, "") == "no braces"
+
+
+# The backtracking regexes that found a template's actions before: hypothesis checks the new scan against them on
+# short texts, and 200 kB of unclosed `{{` (40 kB took the old one 34 s, growing with the square) must be read
+# right; a quadratic scan would not finish it within the suite's timeout.
+OLD_ACTION = re.compile(r"\{\{(.*?)\}\}", re.S)
+OLD_TOKEN = re.compile(r"\$\w*(?:\.\w+)*|\d+(?:\.\d+)?|\w+|\S")
+TEMPLATES = st.text(alphabet="{}$.v aule'1", max_size=16)
+SIZE = 200_000
+
+
+def old_reads_value(text: str) -> bool:
+    for action in OLD_ACTION.findall(text):
+        if any(c in action for c in "\"'`/"):
+            return True
+        for token in OLD_TOKEN.findall(action):
+            if token[0] == "." or token == "$" or token.startswith(("$.", "$value")):
+                return True
+    return False
+
+
+@settings(max_examples=600, deadline=None)
+@given(TEMPLATES)
+def test_template_actions_read_as_the_backtracking_regex_did(text: str) -> None:
+    assert reads_value(text) == old_reads_value(text)
+
+
+def test_200_kb_of_unclosed_template_actions_are_read_right() -> None:
+    assert not reads_value("{{" * (SIZE // 2))
+    assert reads_value("{{" * (SIZE // 2) + " $value }}")  # one action: everything after the first `{{`
+    assert not reads_value("{{ $labels.x }}" + "{{" * (SIZE // 2))
