@@ -25,13 +25,6 @@ _SKIP = Series(())  # cached for series that the rules do not need
 # stored would make every later sample of its series out of order, freezing the series.
 MAX_AHEAD_MS = 10 * 60 * 1000
 MAX_BEHIND_MS = 60 * 60 * 1000
-
-
-def _parse_error(exc: ExpositionError) -> ScrapeError:
-    """The scrape error of a malformed body, with the line that is wrong."""
-    return ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse")
-
-
 OUT_OF_BOUNDS = "error on ingesting samples that are too old or are too far into the future"
 _HEADERS = {
     "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
@@ -39,6 +32,11 @@ _HEADERS = {
     "Accept-Encoding": "identity",
     "User-Agent": "vllm-watchdog",
 }
+
+
+def _parse_error(exc: ExpositionError) -> ScrapeError:
+    """The scrape error of a malformed body, with the line that is wrong."""
+    return ScrapeError(f"parse error: line {exc.line}: {exc.message}", "parse")
 
 
 class ScrapeRecorder(Protocol):
