@@ -48,14 +48,14 @@ def matches_all(matchers: tuple[Matcher, ...], labels: Mapping[str, str]) -> boo
 def parse_matcher(text: str) -> Matcher:
     """Parse `name=value`, `name!="v"`, `name=~"re"` or `name!~re`; ValueError if malformed."""
     head = _HEAD.match(text)
-    rest = text[head.end() :].rstrip() if head is not None else ""
-    quoted = _QUOTED.fullmatch(rest) if head is not None else None
-    if head is None or (quoted is None and "\n" in rest):  # an unquoted value is one line
-        raise ValueError(
-            f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"'
-        )
-    value = rest if quoted is None else re.sub(r"\\(.)", r"\1", quoted.group(1))
-    return make_matcher(head.group(1), head.group(2), value)
+    if head is not None:
+        name, op, rest = head.group(1), head.group(2), text[head.end() :].rstrip()
+        quoted = _QUOTED.fullmatch(rest)
+        if quoted is not None:
+            return make_matcher(name, op, re.sub(r"\\(.)", r"\1", quoted.group(1)))
+        if "\n" not in rest:  # an unquoted value is one line
+            return make_matcher(name, op, rest)
+    raise ValueError(f'bad matcher {text!r}: want name=value, name!=value, name=~"regex" or name!~"regex"')
 
 
 def make_matcher(name: str, op: str, value: str) -> Matcher:
