@@ -56,7 +56,7 @@ def build(n_targets: int, history: int, t0: float) -> tuple[SampleStore, float, 
         ScrapeTarget(
             url="http://127.0.0.1:1/metrics",
             job="vllm",
-            instance=f"10.0.{i // 256}.{i % 256}:8000",  # the labels the monitor gives a target
+            instance=f"127.0.0.1:{8000 + i}",  # the labels the monitor gives a target on its own port
             extra_labels={"target": f"vllm-{i}"},
             store=store,
             timeout=1.0,
