@@ -125,7 +125,10 @@ include: ["bundled:watchdog.yml"]
 actions:
   graceful-restart:  # the bundled one with shorter drain, stop and start-up grace
     type: restart
-    drain_timeout: 2s  # the request the hang holds never finishes: the drain always runs to its timeout
+    # The request the hang holds never finishes: the drain always runs to its timeout, with the engine still
+    # frozen. 20 s lets the second alert fire too (its condition holds from about 5 s after the SIGSTOP, its
+    # for: is 5 s), whichever fired first; a 2 s drain let the stop end the hang first on a loaded machine.
+    drain_timeout: 20s
     stop_timeout: 5s  # a frozen EngineCore keeps its API server from exiting on SIGTERM: always a SIGKILL
     ready_timeout: 5m
     startup_grace: {GRACE}s
