@@ -126,8 +126,9 @@ actions:
   graceful-restart:  # the bundled one with shorter drain, stop and start-up grace
     type: restart
     # The request the hang holds never finishes: the drain always runs to its timeout, with the engine still
-    # frozen. 20 s lets the second alert fire too (its condition holds from about 5 s after the SIGSTOP, its
-    # for: is 5 s), whichever fired first; a 2 s drain let the stop end the hang first on a loaded machine.
+    # frozen. Both alerts wait for 15 s without an engine step; Hung also for a failed canary (at most about
+    # 5 s after the SIGSTOP), so the second alert's condition holds at most about 5 s after the first's, and
+    # with its 5 s for: it fires inside 20 s of drain. A 2 s drain let the stop end the hang first (CI).
     drain_timeout: 20s
     stop_timeout: 5s  # a frozen EngineCore keeps its API server from exiting on SIGTERM: always a SIGKILL
     ready_timeout: 5m
