@@ -5,7 +5,10 @@ raw socket server on 127.0.0.1 (below) that answers each fault in turn: a hang l
 body trickled slower than the deadline, a 500, a body cut short, binary and text garbage, 50 MB bodies with
 and without a Content-Length, and a series explosion beyond sample_limit. Each fault must give the faulty
 target up=0 with a last_error naming the cause, must not touch the healthy target (still up, still scraped),
-and must leave the watchdog's RSS within a generous bound; after each one the faulty target recovers.
+and must leave the watchdog's RSS within a generous bound; after each one the faulty target recovers. A phase
+in which the healthy target only missed its deadline runs again, up to twice: a 2-core machine shared with
+other tests can leave the watchdog unscheduled for a second (CI saw both targets time out together while the
+faulty one answered a tiny body), and a fault that blocks the watchdog would miss the deadline every time.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ BIG = 50 * 1024 * 1024  # the 50 MB bodies (body_size_limit stays at its default
 EXPLOSION = 300_000  # series in the explosion body, 15x the default sample_limit of 20000
 RSS_HEADROOM_MB = 150.0  # RSS after the big bodies and the explosion stays below baseline + this
 PHASE_LIMIT = 30.0
+STALL_RETRIES = 2  # a phase in which the healthy target missed a deadline (and nothing else) runs again
 RECOVERED = "chaos_recovered 1\n"
 
 
@@ -199,15 +203,15 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
     healthy = Sampler(api, "healthy")
     cleanup.append(healthy.stop)
     peaks: dict[str, float] = {}
+    stalls: list[tuple[str, list[str]]] = []  # (mode, the healthy target's errors) of each phase run again
 
-    for mode, message in FAULTS:
+    def run(mode: str, message: str) -> list[dict[str, Any]]:
+        """One fault phase and the faulty target's recovery after it; the healthy target's rows meanwhile."""
         mark, began = len(healthy.rows), chaos.requests
         chaos.mode = mode
         down = poll(
             api,
-            lambda j, m=message: (
-                (not (t := _target(targets(j), "faulty"))["up"]) and m in (t["last_error"] or "")
-            ),
+            lambda j: (not (t := _target(targets(j), "faulty"))["up"]) and message in (t["last_error"] or ""),
             PHASE_LIMIT,
             f"faulty target down with {message!r}",
             log,
@@ -215,7 +219,7 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
         seen = _target(targets(down), "healthy")["last_scrape"]
         poll(  # the healthy target goes on being scraped while the fault lasts
             api,
-            lambda j, s=seen: (t := _target(targets(j), "healthy"))["up"] and t["last_scrape"] >= s + 1.5,
+            lambda j: (t := _target(targets(j), "healthy"))["up"] and t["last_scrape"] >= seen + 1.5,
             PHASE_LIMIT,
             f"healthy target scraped during {mode}",
             log,
@@ -227,8 +231,6 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
             assert chaos.requests >= began + 4, f"{mode}: the faulty target was not scraped again"
             peaks[mode] = rss_mb(wd.pid)
             assert peaks[mode] < baseline + RSS_HEADROOM_MB, (mode, baseline, peaks)
-        during = healthy.since(mark)
-        assert during and all(r["up"] and not r["last_error"] for r in during), (mode, during[-3:])
         chaos.mode = "ok"
         poll(
             api,
@@ -239,6 +241,23 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
             f"faulty target recovered after {mode}",
             log,
         )
+        return healthy.since(mark)
+
+    for mode, message in FAULTS:
+        for _ in range(STALL_RETRIES + 1):
+            during = run(mode, message)
+            assert during, mode
+            wrong = sorted({r["last_error"] for r in during if not r["up"] or r["last_error"]})
+            if not wrong:
+                break
+            # Anything but a missed deadline is the fault reaching the healthy target: fail at once. A
+            # missed deadline is also what a 2-core machine shared with other tests gives when it does not
+            # run the watchdog (or both test servers) for a second: the phase runs again, and a fault that
+            # blocks the watchdog's loop misses the healthy deadline on every run.
+            assert all(e.startswith(f"timeout after {SCRAPE_TIMEOUT:g}s") for e in wrong), (mode, during[-3:])
+            stalls.append((mode, wrong))
+        else:
+            raise AssertionError(f"{mode}: the healthy target missed its deadline on every run: {stalls}")
 
     healthy.stop()
     assert wd.poll() is None, log.read_text()[-3000:]
@@ -250,5 +269,6 @@ def test_metrics_faults_stay_with_their_target_and_memory_stays_bounded(
                 errors[(sample.labels.get("target", ""), sample.labels["kind"])] = sample.value
     for kind in ("timeout", "status", "connection", "encoding", "parse", "size", "sample_limit"):
         assert errors.get(("faulty", kind), 0) >= 1, (kind, errors)
-    assert not [key for key, n in errors.items() if key[0] == "healthy" and n], errors
-    print(f"\nwatchdog RSS: baseline {baseline:.0f} MB, after heavy faults {peaks}")
+    healthy_errors = {kind for (name, kind), n in errors.items() if name == "healthy" and n}
+    assert healthy_errors <= ({"timeout"} if stalls else set()), (errors, stalls)
+    print(f"\nwatchdog RSS: baseline {baseline:.0f} MB, after heavy faults {peaks}; run again: {stalls}")
