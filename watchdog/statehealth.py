@@ -12,6 +12,11 @@ there report. While it is unwritable:
 
 When a probe succeeds again, every fallen-back file is written from its copy in memory (nothing decided
 meanwhile is lost) and used again, with no restart.
+
+What the watchdog keeps there (the audit log, silences, saved launch specs, queued notifications, alert
+state, incident bundles, vLLM's log in process mode) is for its user only: the directory is created 0700 and
+each file 0600 (`private_dir`, `private_file`), whatever the umask. A directory or file that already exists
+is left as it is (it may be the operator's, shared on purpose), with one warning per path naming its mode.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,12 +38,60 @@ PROBE_BYTES = 4096  # one page: a full tmpfs or filesystem refuses it, where an 
 PROBE_INTERVAL = 10.0
 RETRY_INTERVAL = 10.0  # a FallbackDB without a StateHealth tries its file again this often
 _WRITE_ERRORS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM")
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
 T = TypeVar("T")
+_warned: set[tuple[str, int]] = set()  # (path, mode) already warned about: once per path and mode
+
+
+def private_dir(directory: str) -> None:
+    """Create `directory` 0700 (its missing parents as the umask says); warn once if an existing one is open
+    to other users. OSError if it cannot be created."""
+    try:
+        os.makedirs(directory, mode=PRIVATE_DIR)  # the umask can only take bits away from 0700
+    except OSError:
+        if not os.path.isdir(directory):  # a read-only mount may answer EROFS for a directory that exists
+            raise
+        warn_if_open(directory)
+
+
+def private_file(path: str) -> None:
+    """Create `path` empty and 0600 unless it exists, before SQLite opens it: SQLite gives its -wal, -shm and
+    -journal files the database file's mode. Warn once if an existing one is open to other users. A file
+    that cannot be created is left to the caller's own open to report."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    except FileExistsError:
+        warn_if_open(path)
+    except OSError:
+        return
+    else:
+        os.close(fd)
+
+
+def warn_if_open(path: str) -> None:
+    """Log a warning, once per path and mode, if `path` can be read or written by users other than its
+    owner (group or other bits set). It is not changed: it may be shared on purpose."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & 0o077 or (path, mode) in _warned:
+        return
+    _warned.add((path, mode))
+    wanted = PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else PRIVATE_FILE
+    log.warning(
+        "state_dir path open to other users: it may hold the audit log, launch specs and vLLM's output; "
+        "chmod it to the expected mode unless that is meant",
+        extra={"path": path, "mode": f"{mode:04o}", "expected": f"{wanted:04o}"},
+    )
 
 
 def probe_write(directory: str) -> None:
-    """Create `directory` if needed, write, fsync and remove a small file in it; OSError if any step fails."""
-    os.makedirs(directory, exist_ok=True)
+    """Create `directory` if needed (0700), write, fsync and remove a small file in it; OSError if any step
+    fails."""
+    private_dir(directory)
     path = os.path.join(directory, PROBE_FILE)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

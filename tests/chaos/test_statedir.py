@@ -17,11 +17,12 @@ import os
 import re
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ from tests.support.faultserver import FaultServer
 from tests.support.procs import command_lines
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import inbound_alert, poll, start_watchdog
+from vllm_watchdog.actions.incidents.bundle import Bundles
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.notifiers.queue import MEMORY_ID_BASE, DeliveryQueue, NewItem
+from vllm_watchdog.ruler.state import save_state
 from vllm_watchdog.statehealth import PROBE_FILE, StateHealth, probe_write
 
 pytestmark = (
@@ -205,6 +208,58 @@ def test_queue_that_cannot_write_its_file_keeps_its_items(tmp_path: Path) -> Non
     assert [i.body for i in queue.head("am", 10)] == ["kept", "new", "b"]
     assert health.check(3.0)
     assert [i.body for i in DeliveryQueue(path).head("am", 10)] == ["kept", "new", "b"]
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, under which files used to come out 0644 and directories 0755."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _modes(root: Path) -> dict[str, str]:
+    found = {".": oct(stat.S_IMODE(root.stat().st_mode))}
+    for path in root.rglob("*"):
+        found[str(path.relative_to(root))] = oct(stat.S_IMODE(path.stat().st_mode))
+    return found
+
+
+def test_a_fresh_state_dir_and_every_file_in_it_are_the_users_only(tmp_path: Path, umask_022: None) -> None:
+    state = tmp_path / "state"
+    health = StateHealth(str(state))
+    assert health.check(0.0)
+    store = ActionStore(str(state / "actions.sqlite"), health=health)
+    store.record("restart", "restart", "vllm-0", "alert", {}, "skipped", "x", False, 1.0)
+    queue = DeliveryQueue(str(state / "notifications.sqlite"), health=health)
+    queue.push("am", [NewItem("alert", "m")], 1.0, 100)
+    save_state(state / "alerts.json", [])
+    Bundles(str(state)).write("a-1", {"manifest.json": b"{}"}, 1.0)
+    modes = _modes(state)
+    assert {"actions.sqlite-wal", "actions.sqlite-shm", "notifications.sqlite-wal", "alerts.json"} <= set(
+        modes
+    )
+    assert {name: mode for name, mode in modes.items() if mode != "0o600"} == {
+        ".": "0o700",
+        "incidents": "0o700",
+    }
+    store.close()
+    queue.close()
+
+
+def test_an_existing_open_state_dir_is_left_alone_with_one_warning_per_path(
+    tmp_path: Path, umask_022: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    (state / "actions.sqlite").touch(mode=0o644)
+    health = StateHealth(str(state))
+    for now in (0.0, 10.0, 20.0):
+        assert health.check(now)
+        ActionStore(str(state / "actions.sqlite"), health=health).close()
+    assert _modes(state)["."] == "0o755" and _modes(state)["actions.sqlite"] == "0o644"
+    warned = [(r.path, r.mode) for r in caplog.records if r.getMessage().startswith("state_dir path open")]  # type: ignore[attr-defined]
+    assert warned == [(str(state), "0755"), (str(state / "actions.sqlite"), "0644")]
 
 
 # -- end to end: real watchdog processes ----------------------------------------------------------------------

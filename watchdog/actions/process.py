@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ActionError
+from ..statehealth import PRIVATE_FILE
 from .incidents.bounded import last_lines, read_tail
 from .processstate import ProcessState, read_state, write_state
 from .procfs import Child, marked_leader, read_stat
@@ -213,7 +214,8 @@ class ProcessRuntime:
             with contextlib.ExitStack() as stack:
                 out: Any = None
                 if self._log_path is not None:
-                    out = stack.enter_context(open(self._log_path, "ab"))
+                    fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+                    out = stack.enter_context(os.fdopen(fd, "ab"))
                 return subprocess.Popen(
                     list(launch.args),
                     env=env,

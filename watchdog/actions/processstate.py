@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..statehealth import private_dir
 from .procfs import Child
 from .runtime import Launch
 
@@ -36,7 +37,7 @@ def write_state(path: Path, target: str, state: ProcessState) -> None:
         "previous": _launch_dict(state.previous) if state.previous is not None else None,
         "child": None if state.child is None else state.child.record(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(str(path.parent))
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
-from ..statehealth import FallbackDB, FileOrMemory, StateHealth, merge_rows
+from ..statehealth import FallbackDB, FileOrMemory, StateHealth, merge_rows, private_dir, private_file
 
 log = logging.getLogger("vllm_watchdog.actions.state")  # the whole action store logs under one name
 
@@ -115,6 +115,8 @@ def _connect(where: str) -> sqlite3.Connection:
             head = f.read(len(_HEADER))
         if head not in (b"", _HEADER):  # SQLite would delete the WAL beside a file it cannot read
             raise sqlite3.DatabaseError("file is not a database")
+    if where != ":memory:":
+        private_file(where)
     db = sqlite3.connect(where, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     try:
         db.execute("PRAGMA journal_mode=WAL")
@@ -192,7 +194,7 @@ class StateDB(FileOrMemory):
             self._memory = _connect(":memory:")
             return
         with contextlib.suppress(OSError):  # an unwritable parent: the store starts in memory
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            private_dir(str(Path(path).parent))
         prepare = functools.partial(migrate, where=path)
         self._file = FallbackDB(path, self._open, _memory, prepare, _merge, health=health)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..statehealth import FallbackDB, FileOrMemory, StateHealth
+from ..statehealth import FallbackDB, FileOrMemory, StateHealth, private_file
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class DeliveryQueue(FileOrMemory):
             self._file = FallbackDB(path, self._open, _memory, self._prepare, _merge, health=health)
 
     def _open(self, path: str) -> sqlite3.Connection:
+        private_file(path)  # 0600, and so its -wal and -shm
         try:
             return self._prepare(sqlite3.connect(path))
         except sqlite3.OperationalError:
@@ -83,6 +84,7 @@ class DeliveryQueue(FileOrMemory):
                 "notification queue unreadable; moved aside, starting empty",
                 extra={"path": path, "moved_to": aside, "error": str(exc)},
             )
+            private_file(path)
             return self._prepare(sqlite3.connect(path))
 
     @staticmethod

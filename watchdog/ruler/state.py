@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..statehealth import PRIVATE_FILE, private_dir
 from .alerting import Alert, AlertingRule, AlertState, rule_identity
 from .files import history_needed
 
@@ -173,10 +174,11 @@ def load_state(path: Path) -> dict[tuple[str, str], SavedGroup]:
 
 def save_state(path: Path, groups: Iterable[SavedGroup]) -> None:
     """Write the state file atomically (a temporary file, then os.replace); raises OSError on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(str(path.parent))
     tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(encode(groups), separators=(",", ":"), sort_keys=True)
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
