@@ -1,9 +1,12 @@
 """The control channel between the daemon and the gateway process: JSON lines over a Unix socket.
 
-Authenticated by the kernel: the socket lives in a directory only our user can enter, the socket itself is
-0600, and every connection's peer credentials (SO_PEERCRED) must be our own uid or root. One request and one
-answer per line: `{"id": 1, "op": "tick", "args": {...}}` -> `{"id": 1, "ok": true, "result": ...}`. Every
-read is bounded in size and time, and a handful of connections at most are served at once.
+Authenticated by the kernel, on both ends (`trust.py`): the socket lives in a directory that only our user (or
+root) can change, on a path that nobody else can redirect, and the socket itself is 0600. The gateway serves
+only peers whose credentials (SO_PEERCRED) are our own uid or root; the daemon checks the directory, the
+socket and the listening process's uid the same way before it sends anything, so that another local user who
+got there first never receives a command (nor the config with its API keys) and never feeds it a status. One
+request and one answer per line: `{"id": 1, "op": "tick", "args": {...}}` -> `{"id": 1, "ok": true, "result":
+...}`. Every read is bounded in size and time, and a handful of connections at most are served at once.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import logging
 import os
 import socket
 import stat
-import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from .trust import NotTrusted, Peer, check_peer, check_socket, peer_of, private_dir, trusted_uids
 
 log = logging.getLogger(__name__)
 MAX_REQUEST = 1024 * 1024  # a config is a few kB; the cap only stops a runaway peer
@@ -26,7 +30,6 @@ MAX_ANSWER = 64 * 1024 * 1024  # snapshots carry the top-K sessions only, but le
 MAX_CONNECTIONS = 8
 MAX_SOCKET_PATH = 107
 IDLE_TIMEOUT = 300.0  # a silent control connection is closed (the daemon speaks every second)
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class ChannelError(Exception):
@@ -41,35 +44,24 @@ def default_socket_path(state_dir: str | None, target: str, listen: str) -> str:
     """Where the control socket lives when the config does not say: the runtime directory systemd gives us
     (or /tmp), in a directory of our own, named by the state directory, target and listen address (which
     only one process on the host can hold), so that two watchdogs on one host never meet. In /tmp when that
-    would be too long for a Unix socket (107 bytes)."""
+    would be too long for a Unix socket (107 bytes). Either side refuses a directory there that another user
+    made first (`trust.py`): the /tmp fallback (cron, sudo, `su -c`) is shared with every local user."""
     text = f"{os.path.abspath(state_dir or '')}\0{target}\0{listen}"
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
-    name = os.path.join(f"vllm-watchdog-{os.getuid()}", f"gateway-{key}.sock")
+    name = os.path.join(f"vllm-watchdog-{os.geteuid()}", f"gateway-{key}.sock")
     env = os.environ
     base = env.get("RUNTIME_DIRECTORY", "").split(":")[0] or env.get("XDG_RUNTIME_DIR") or "/tmp"
     path = os.path.join(base, name)
     return path if len(path.encode()) <= MAX_SOCKET_PATH else os.path.join("/tmp", name)
 
 
-def _private_dir(path: str) -> None:
-    """Create the socket's directory 0700; one that is not ours is refused, one of ours is made private."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise OSError(f"control socket directory {directory} is not a directory of ours")
-    if info.st_mode & 0o077:
-        os.chmod(directory, 0o700)
-
-
 def _peer_allowed(sock: socket.socket | None) -> bool:
     if sock is None or sock.family != socket.AF_UNIX:
         return False
     try:
-        _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+        return peer_of(sock).uid in trusted_uids(os.geteuid())
     except OSError:
         return False
-    return uid in (os.getuid(), 0)
 
 
 Handler = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
@@ -85,8 +77,9 @@ class ControlServer:
         self._open = 0
 
     async def start(self) -> None:
-        """Bind the socket (replacing a stale one) and serve; OSError if it cannot."""
-        _private_dir(self.path)
+        """Bind the socket (replacing a stale one) and serve; OSError if it cannot, NotTrusted (an OSError)
+        if its directory, or one on the way to it, is another user's."""
+        private_dir(os.path.dirname(self.path), euid=os.geteuid(), create=True)
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 os.unlink(self.path)
@@ -146,14 +139,18 @@ class ControlServer:
 
 
 class ControlClient:
-    """The daemon's side: one connection, re-opened when lost; one command at a time."""
+    """The daemon's side: one connection, re-opened when lost; one command at a time. A connection is used
+    only once its directory, socket and listening process are trusted (`trust.py`)."""
 
-    def __init__(self, path: str, *, timeout: float = 5.0) -> None:
+    def __init__(self, path: str, *, timeout: float = 5.0, euid: int | None = None) -> None:
         self.path = path
         self.timeout = timeout
+        self.euid = os.geteuid() if euid is None else euid
+        self.peer: Peer | None = None  # the verified process at the other end of the current connection
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._lock = asyncio.Lock()
         self._next = 0
+        self._refusal = ""  # the last distrust logged (logged again only when it changes)
 
     async def request(
         self, op: str, args: Mapping[str, Any] | None = None, timeout: float | None = None
@@ -165,13 +162,19 @@ class ControlClient:
                 return await asyncio.wait_for(self._exchange(op, args or {}), timeout or self.timeout)
             except CommandRefused:
                 raise
+            except NotTrusted as exc:
+                self._drop()
+                if str(exc) != self._refusal:
+                    log.error("refusing the gateway's control socket", extra={"error": str(exc)})
+                    self._refusal = str(exc)
+                raise ChannelError(f"gateway control {op}: {exc}") from None
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 self._drop()
                 raise ChannelError(f"gateway control {op}: {type(exc).__name__}: {exc}") from None
 
     async def _exchange(self, op: str, args: Mapping[str, Any]) -> Any:
         if self._streams is None:
-            self._streams = await asyncio.open_unix_connection(self.path, limit=MAX_ANSWER)
+            self._streams = await self._connect()
         reader, writer = self._streams
         self._next += 1
         ident = self._next
@@ -189,7 +192,26 @@ class ControlClient:
             raise CommandRefused(str(answer.get("error", "refused")))
         return answer.get("result")
 
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect, once the directory and socket are trusted; then the listener must run as us or root."""
+        private_dir(os.path.dirname(self.path), euid=self.euid, create=False)
+        check_socket(self.path, self.euid)
+        reader, writer = await asyncio.open_unix_connection(self.path, limit=MAX_ANSWER)
+        try:
+            try:
+                peer = peer_of(writer.get_extra_info("socket"))
+            except (OSError, AttributeError) as exc:  # AttributeError: no socket at all
+                raise NotTrusted(f"control socket {self.path}: no peer credentials ({exc})") from None
+            check_peer(peer, self.path, self.euid)
+        except NotTrusted:
+            writer.close()
+            raise
+        self.peer = peer
+        self._refusal = ""
+        return reader, writer
+
     def _drop(self) -> None:
+        self.peer = None
         if self._streams is not None:
             self._streams[1].close()
             self._streams = None

@@ -26,7 +26,7 @@ from .channel import ControlServer
 from .codec import decode
 from .commands import CommandError, GatewayCommands
 from .server import GatewayServer
-from .spec import EXIT_CANNOT_LISTEN, STOP_GRACE, GatewaySpec, spec_for
+from .spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
 
 log = logging.getLogger(__name__)
 LEASE_CHECK = 1.0
@@ -59,7 +59,14 @@ async def _control(server: GatewayServer, spec: GatewaySpec, notifier: Notifier)
             raise ValueError(str(exc)) from None
 
     control = ControlServer(spec.control_socket, handle)
-    await control.start()
+    try:
+        await control.start()
+    except OSError as exc:  # NotTrusted names the path, the owner found and the one expected
+        log.error(
+            "gateway cannot serve its control socket",
+            extra={"control": spec.control_socket, "error": str(exc)},
+        )
+        return EXIT_CONTROL_SOCKET
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

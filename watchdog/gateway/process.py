@@ -25,18 +25,12 @@ from typing import Any
 from .channel import ChannelError, ControlClient
 from .codec import encode
 from .config import GatewayConfig
-from .spec import EXIT_CANNOT_LISTEN, STOP_GRACE, GatewaySpec, spec_for
+from .pinned import PinnedProcess, pin
+from .spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
+from .trust import Peer
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = 60.0  # a new gateway process must answer on its control socket within this
-
-
-class StaleGateway(Exception):
-    """The gateway on our socket serves another target, address or upstream than the config says."""
-
-    def __init__(self, message: str, pid: int | None) -> None:
-        super().__init__(message)
-        self.pid = pid
 
 
 def process_link(gateway: GatewayConfig, state_dir: str | None) -> GatewayProcess:
@@ -45,7 +39,8 @@ def process_link(gateway: GatewayConfig, state_dir: str | None) -> GatewayProces
 
 
 class GatewayProcess:
-    """Starts the gateway process, or adopts one that already answers; starts a new one when it died."""
+    """Starts the gateway process, or adopts one that already answers; starts a new one when it died. Signals
+    go only to a process it holds (`pinned.py`), never to a pid the gateway merely names."""
 
     def __init__(
         self,
@@ -62,57 +57,89 @@ class GatewayProcess:
         self._python = python
         self._log_level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         self._monotonic = monotonic
-        self._child: subprocess.Popen[bytes] | None = None
-        self.pid: int | None = None
+        self._process: PinnedProcess | None = None  # the gateway this side may signal
+        self._unpinned = False  # adopted a gateway it could not verify: attached to, never signalled
         self.starts = 0  # processes this daemon started (the first one included)
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the gateway process this side holds (started or verified), if any."""
+        return None if self._process is None else self._process.pid
 
     async def attach(self) -> dict[str, Any]:
         """Reach the gateway: adopt a running one, else start one (supervised); returns its hello.
         OSError if it cannot be started or cannot listen."""
+        hello: dict[str, Any] | None = None
+        process: PinnedProcess | None = None
         try:
-            return await self._hello()
+            hello, peer = await self._ask()
+            process = await self._pin(peer, hello) if self.supervise else None
         except ChannelError:
-            pass
-        except StaleGateway as exc:
+            hello = None
+        if hello is not None:
+            stale = self._stale(hello)
+            if stale is None:
+                self._process, self._unpinned = process, self.supervise and process is None
+                return hello
             if not self.supervise:
-                raise OSError(str(exc)) from None
+                raise OSError(stale)
+            if process is None:
+                raise OSError(f"{stale}; it is not the process it claims to be, so it is not stopped")
             # Ours (same state_dir, target and listen address), started before a config change: replace it.
-            log.warning("stopping a gateway that serves an old config", extra={"why": str(exc)})
+            log.warning("stopping a gateway that serves an old config", extra={"why": stale})
             await self.client.aclose()
-            if exc.pid is not None:
-                await self._retire(exc.pid, 0.0)
+            await self._retire(process, 0.0)
+            process.close()
         if not self.supervise:  # systemd or compose starts it, and may not have yet
             raise OSError(f"no gateway answers on {self.spec.control_socket}")
         return await self._start()
 
-    async def _retire(self, pid: int, grace: float) -> None:
-        """SIGTERM (in-flight requests get `grace` and the gateway's own STOP_GRACE), then SIGKILL."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = self._monotonic() + grace + STOP_GRACE + 5.0
-        while self._monotonic() < deadline:  # usually not our child: no event to wait on
-            if _gone(pid):
-                return
-            await asyncio.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-    async def _hello(self) -> dict[str, Any]:
+    async def _ask(self) -> tuple[dict[str, Any], Peer]:
+        """The gateway's hello, and the verified process that answered it."""
         hello = await self.client.request("hello", timeout=2.0)
-        if not isinstance(hello, dict):
+        peer = self.client.peer
+        if not isinstance(hello, dict) or peer is None:
             raise ChannelError("bad hello")
+        return hello, peer
+
+    def _stale(self, hello: Mapping[str, Any]) -> str | None:
+        """Why the gateway that said `hello` is not the one the config describes; None if it is."""
         config = self.spec.gateway
         ours = (config.target, f"{config.listen_host}:{config.listen_port}", config.upstream)
         theirs = (hello.get("target"), hello.get("listen"), hello.get("upstream"))
-        pid = hello.get("pid")
-        if theirs != ours:
-            raise StaleGateway(
-                f"the gateway on {self.spec.control_socket} serves {theirs[0]!r} on {theirs[1]} for "
-                f"{theirs[2]}, not {ours[0]!r} on {ours[1]} for {ours[2]}",
-                pid if isinstance(pid, int) else None,
-            )
-        self.pid = pid if isinstance(pid, int) else self.pid
-        return hello
+        if theirs == ours:
+            return None
+        return (
+            f"the gateway on {self.spec.control_socket} serves {theirs[0]!r} on {theirs[1]} for "
+            f"{theirs[2]}, not {ours[0]!r} on {ours[1]} for {ours[2]}"
+        )
+
+    async def _pin(self, peer: Peer, hello: Mapping[str, Any]) -> PinnedProcess | None:
+        """A pidfd on the gateway that answered, if it is the process it claims to be (`pinned.py`)."""
+        process = pin(peer, hello.get("pid"), self.client.euid, self.spec.control_socket)
+        if process is None:
+            return None
+        # Its pid could have been taken over between the connection and the pidfd: an answer on the same
+        # connection after it shows the listener still ran, so the pidfd holds that very process.
+        try:
+            await self._ask()
+        except ChannelError:
+            process.close()
+            raise
+        if self.client.peer is not peer:
+            process.close()
+            raise ChannelError("the gateway's control connection changed while it was being verified")
+        return process
+
+    async def _retire(self, process: PinnedProcess, grace: float) -> None:
+        """SIGTERM (in-flight requests get `grace` and the gateway's own STOP_GRACE), then SIGKILL."""
+        process.send(signal.SIGTERM)
+        deadline = self._monotonic() + grace + STOP_GRACE + 5.0
+        while self._monotonic() < deadline:  # usually not our child: no event to wait on
+            if not process.alive():
+                return
+            await asyncio.sleep(0.05)
+        process.send(signal.SIGKILL)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         """Start the process and hand it its spec; systemd's variables stay ours (not the main process)."""
@@ -123,7 +150,8 @@ class GatewayProcess:
             env={k: v for k, v in os.environ.items() if k not in drop},
             start_new_session=True,  # a Ctrl-C or a kill of the daemon's group does not reach the data plane
         )
-        self._child, self.pid = child, child.pid
+        self._let_go()
+        self._process = PinnedProcess(child.pid, child=child)
         self.starts += 1
         assert child.stdin is not None
         child.stdin.write(json.dumps(encode(self.spec)).encode())
@@ -137,22 +165,29 @@ class GatewayProcess:
             await asyncio.sleep(0.05)
             code = child.poll()
             if code is not None:
-                self._child = None
-                target = self.spec.gateway
-                if code == EXIT_CANNOT_LISTEN:
-                    raise OSError(f"gateway cannot listen on {target.listen_host}:{target.listen_port}")
-                raise OSError(f"the gateway process exited with code {code} during start-up")
+                self._process = None
+                raise OSError(self._exit_reason(code))
             with contextlib.suppress(ChannelError):
-                return await self._hello()
+                hello, peer = await self._ask()
+                if peer.pid == child.pid:
+                    return hello
+                # Not our child (an old gateway still answering on the path it is about to take): ask again.
+                await self.client.aclose()
             if self._monotonic() > deadline:
                 self._kill(child)
                 raise OSError(f"the gateway process did not answer within {START_TIMEOUT:.0f} s")
 
+    def _exit_reason(self, code: int) -> str:
+        target = self.spec.gateway
+        if code == EXIT_CANNOT_LISTEN:
+            return f"gateway cannot listen on {target.listen_host}:{target.listen_port}"
+        if code == EXIT_CONTROL_SOCKET:
+            return f"gateway cannot serve its control socket {self.spec.control_socket} (its log says why)"
+        return f"the gateway process exited with code {code} during start-up"
+
     def alive(self) -> bool:
-        """Whether the gateway process (ours or adopted) still exists."""
-        if self._child is not None:
-            return self._child.poll() is None
-        return self.pid is not None and not _gone(self.pid)
+        """Whether the gateway process this side holds (started or verified) still exists."""
+        return self._process is not None and self._process.alive()
 
     async def request(self, op: str, args: Mapping[str, Any] | None = None) -> Any:
         """One command to the gateway (ChannelError if it cannot be reached, CommandRefused if refused)."""
@@ -161,46 +196,38 @@ class GatewayProcess:
     async def revive(self) -> dict[str, Any] | None:
         """After a failed command: start a new gateway if the old one is gone (supervised), or find the one
         another supervisor started; its hello, or None if there is none (yet) or the old one lives (slow)."""
-        if not self.supervise:
+        if not self.supervise or self._unpinned:  # not ours to start: it answers again, or it does not
             try:
-                return await self._hello()
-            except (ChannelError, StaleGateway):
+                hello, _ = await self._ask()
+            except ChannelError:
                 return None
+            return hello if self._stale(hello) is None else None
         if self.alive():
             return None
         log.error(
             "the gateway process is gone: starting a new one", extra={"target": self.spec.gateway.target}
         )
-        self._child = None
         return await self._start()
 
     async def stop(self, grace: float) -> None:
         """Stop the gateway process (supervised only): in-flight requests get `grace` seconds."""
         await self.client.aclose()
-        if not self.supervise or self.pid is None or not self.alive():
+        process = self._process
+        if not self.supervise or process is None or not process.alive():
             return
-        await self._retire(self.pid, grace)
-        if self._child is not None:
+        await self._retire(process, grace)
+        if process.child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._child.wait(1.0)
-            self._child = None
+                process.child.wait(1.0)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self._process is not None:
+            self._process.close()
+            self._process = None
 
     @staticmethod
     def _kill(child: subprocess.Popen[bytes]) -> None:
         child.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(5.0)
-
-
-def _gone(pid: int) -> bool:
-    """Whether the process has ended (reaped here if it was our child)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False

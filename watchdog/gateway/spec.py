@@ -13,6 +13,7 @@ from .config import GatewayConfig
 
 STOP_GRACE = 5.0  # in-flight requests get this long when the gateway is stopped on purpose
 EXIT_CANNOT_LISTEN = 3
+EXIT_CONTROL_SOCKET = 4  # the control socket's directory (or one on the way) is another user's, or unusable
 
 
 @dataclass(frozen=True)
