@@ -6,13 +6,17 @@ hostile clients needs, as a wrapper around uvicorn's protocol (`uvicorn.Config(h
 
 * a header deadline: a request's headers must arrive within `header_timeout` of its first byte (or of the
   connection's start), else 408 and close (slowloris); and, where the application has none of its own, a
-  body deadline: the rest of the request within `body_timeout` of its headers;
+  body deadline: the rest of the request within `body_timeout` of its headers; optionally a minimum upload
+  rate: after `body_grace`, each further second needs `min_body_rate` bytes (Apache's MinRate), else 408;
 * a header size limit: more than `max_header_bytes` before the end of the headers is answered 431, a request
   line over `max_request_line` 414, both before the HTTP parser buffers more;
 * a connection cap, bounded by the file-descriptor limit: at the cap a new connection first closes the
-  oldest idle keep-alive connection (quietly), then the oldest one that has not sent a whole request yet
-  (silent or sending its headers: 503); only when every connection is busy with a request is the newcomer
-  refused (503). Idle sockets never turn a request away.
+  oldest idle keep-alive connection (quietly), then, with a 503, the one whose request began first among
+  those still sending it: silent, sending headers, or (with `evict_uploads`) sending a body before any
+  response. Oldest first, so that a probe that has just connected outlives a trickle that began before it.
+  When every connection is busy with a request, a newcomer gets one of `reserve` slots beyond the cap, which
+  only GET or HEAD of `probe_paths` may use (checked on the request line, before the parser sees it); only
+  when those are busy too is it refused (503). Idle sockets never turn a request away.
 
 Every refusal is a JSON body from the server's own `error_body` and is counted by reason.
 """
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import http
+import math
 import resource
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +43,7 @@ _TERMINATOR = b"\r\n\r\n"
 
 @dataclass(frozen=True)
 class ListenerLimits:
-    """What one listener allows a client: connections, header time and size."""
+    """What one listener allows a client: connections, header and body time, header size."""
 
     max_connections: int = 1024  # further bounded by fd_share of the file-descriptor limit
     header_timeout: float = 10.0  # from connect, or a request's first byte, to the end of its headers
@@ -45,11 +51,46 @@ class ListenerLimits:
     max_header_bytes: int = 64 * KiB  # request line and headers together
     max_request_line: int = 8 * KiB  # method, target and version
     fd_share: float = 0.25  # at most this share of RLIMIT_NOFILE's soft limit is spent on connections
+    min_body_rate: float | None = None  # bytes/s a body must average after body_grace; None: no minimum
+    body_grace: float = 5.0  # seconds after the headers before min_body_rate applies
+    evict_uploads: bool = False  # at the cap, a connection still sending a body may make room (503)
+    reserve: int = 0  # connections beyond the cap for probes, when every other one is busy with a request
+    probe_paths: frozenset[str] = frozenset()  # what a reserve connection may ask for, with GET or HEAD
 
 
 ErrorBody = Callable[[int, str, str], bytes]  # (status, reason, message) -> a JSON body
 # Every reason a listener refuses a request or connection for (Listener.refused); each is exported from 0.
-REFUSALS = ("header_timeout", "body_timeout", "header_too_large", "url_too_long", "connection_limit")
+REFUSALS = (
+    "header_timeout",
+    "body_timeout",
+    "body_too_slow",
+    "header_too_large",
+    "url_too_long",
+    "connection_limit",
+)
+BUSY = "The server has too many open connections; retry shortly."
+PROBES_ONLY = "The server's connections are all busy with requests; only health and metrics are answered now."
+
+
+def body_deadline(limits: ListenerLimits, began: float, since: float, received: int) -> tuple[float, str]:
+    """When a body must be complete, and the refusal's reason if it is not: `body_timeout` after `began`, or,
+    with a minimum rate, `body_grace` plus a second per `min_body_rate` bytes `received` since `since`."""
+    deadline, reason = math.inf, "body_timeout"
+    if limits.body_timeout is not None:
+        deadline = began + limits.body_timeout
+    if limits.min_body_rate:
+        paced = since + limits.body_grace + received / limits.min_body_rate
+        if paced < deadline:
+            deadline, reason = paced, "body_too_slow"
+    return deadline, reason
+
+
+def is_probe(request_line: bytes, paths: frozenset[str]) -> bool:
+    """Whether a request line is a GET or HEAD of one of `paths` (exactly, before any query)."""
+    parts = request_line.strip().split(b" ")
+    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
+        return False
+    return parts[1].partition(b"?")[0].decode("ascii", "replace") in paths
 
 
 def connection_cap(configured: int, fd_share: float) -> int:
@@ -72,21 +113,24 @@ def refusal_response(status: int, body: bytes, extra: bytes = b"") -> bytes:
 
 
 class Listener:
-    """One server's connections: the cap, which are idle, and refusals by reason."""
+    """One server's connections: the cap and its reserve, which may make room, and refusals by reason."""
 
     def __init__(
         self,
         limits: ListenerLimits,
         error_body: ErrorBody,
         on_refusal: Callable[[str, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,  # the event loop's clock (asyncio's default is this one)
     ) -> None:
         self.limits = limits
         self.cap = connection_cap(limits.max_connections, limits.fd_share)
+        self.clock = clock
         self._error_body = error_body
         self._on_refusal = on_refusal
-        self.connections: dict[BoundedProtocol, None] = {}  # in the order they connected
+        self.connections: dict[BoundedProtocol, None] = {}  # in the order they connected, the reserve's too
+        self.reserved: dict[BoundedProtocol, None] = {}  # those in the reserve: probes only
         self.refused: dict[str, int] = {}
-        self.evicted = 0  # idle connections closed to make room
+        self.evicted = 0  # connections closed to make room
 
     def protocol(self, base: Callable[..., asyncio.Protocol] = HttpProtocol) -> type[asyncio.Protocol]:
         """A protocol class for uvicorn.Config(http=...): `base` wrapped in this listener's bounds."""
@@ -105,26 +149,44 @@ class Listener:
             self._on_refusal(reason, status)
         return refusal_response(status, self._error_body(status, reason, message), extra)
 
+    def busy(self, message: str = BUSY) -> bytes:
+        """Count and build a 503 `connection_limit`."""
+        return self.refusal(503, "connection_limit", message, b"retry-after: 1\r\n")
+
     def admit(self, conn: BoundedProtocol) -> bool:
-        """Make room for a new connection; False if every connection is busy with a request."""
-        if len(self.connections) >= self.cap:
-            victim = next((c for c in self.connections if c.idle), None)
-            if victim is None:
-                victim = next((c for c in self.connections if c.waiting), None)
-            if victim is None:
+        """Make room for a new connection, in the cap or else in the reserve; False if there is none."""
+        if len(self.connections) - len(self.reserved) >= self.cap and not self._make_room(
+            c for c in self.connections if c not in self.reserved
+        ):
+            if len(self.reserved) >= self.limits.reserve and not self._make_room(self.reserved):
                 return False
-            self.evicted += 1
-            victim.evict()
+            self.reserved[conn] = None
         self.connections[conn] = None
+        return True
+
+    def _make_room(self, pool: Iterable[BoundedProtocol]) -> bool:
+        """Close the oldest idle connection of `pool`, else the one whose request began first among those
+        still sending it (a body too with evict_uploads); False if every one is busy with a request."""
+        candidates = list(pool)
+        victim = next((c for c in candidates if c.idle), None)
+        if victim is None:
+            uploads = self.limits.evict_uploads
+            sending = [c for c in candidates if c.waiting or (uploads and c.uploading)]
+            victim = min(sending, key=lambda c: c.began, default=None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        victim.evict()
         return True
 
     def discard(self, conn: BoundedProtocol) -> None:
         """`conn` is gone."""
         self.connections.pop(conn, None)
+        self.reserved.pop(conn, None)
 
 
 class BoundedProtocol(asyncio.Protocol):
-    """Wraps uvicorn's protocol for one connection: header deadline, header size and the listener's cap."""
+    """Wraps uvicorn's protocol for one connection: header and body deadlines, header size and the cap."""
 
     def __init__(self, inner: asyncio.Protocol, listener: Listener) -> None:
         self.inner = inner
@@ -133,19 +195,27 @@ class BoundedProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
+        self.began = listener.clock()  # when the current request's first byte (or the connection) came
         self._head = 0  # bytes of the current request head received so far
         self._tail = b""  # its last bytes, to find a terminator split across reads
+        self._line = b""  # the request line so far, kept on a reserve connection only
         self._line_done = False  # the request line's end was seen
+        self._after_head = 0  # bytes after the end of the head in the read that ended it
+        self._paced_from = 0.0  # the minimum body rate counts from here ...
+        self._body_bytes = 0  # ... these bytes
         self._refused = False  # refused at connect: the inner protocol never started
 
     # -- state -------------------------------------------------------------------------------------
+    def _cycle(self) -> Any:
+        return getattr(self.inner, "cycle", None)
+
     def _between_requests(self) -> bool:
-        cycle = getattr(self.inner, "cycle", None)
+        cycle = self._cycle()
         return cycle is None or bool(cycle.response_complete)
 
     def _reading_head(self) -> bool:
         """Whether the next bytes belong to a request head (not to a request body still arriving)."""
-        cycle = getattr(self.inner, "cycle", None)
+        cycle = self._cycle()
         return cycle is None or bool(cycle.response_complete) or not cycle.more_body
 
     @property
@@ -156,7 +226,13 @@ class BoundedProtocol(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         """Kept alive after a response, with nothing of the next request yet."""
-        return self._head == 0 and getattr(self.inner, "cycle", None) is not None and self.waiting
+        return self._head == 0 and self._cycle() is not None and self.waiting
+
+    @property
+    def uploading(self) -> bool:
+        """A request's body is still arriving, and no response to it has begun."""
+        cycle, pipelined = self._cycle(), getattr(self.inner, "pipeline", None)
+        return cycle is not None and bool(cycle.more_body and not cycle.response_started) and not pipelined
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -164,10 +240,7 @@ class BoundedProtocol(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
         if not self.listener.admit(self):
             self._refused = True
-            message = "The server has too many open connections; retry shortly."
-            transport.write(  # type: ignore[attr-defined]
-                self.listener.refusal(503, "connection_limit", message, b"retry-after: 1\r\n")
-            )
+            transport.write(self.listener.busy())  # type: ignore[attr-defined]
             transport.close()
             return
         self.inner.connection_made(transport)
@@ -182,18 +255,20 @@ class BoundedProtocol(asyncio.Protocol):
             if refusal is not None:
                 self._close_with(refusal)
                 return
+        else:
+            self._body_bytes += len(data)
         inner = self.inner
-        before = getattr(inner, "cycle", None)
+        before = self._cycle()
         inner.data_received(data)
-        cycle: Any = getattr(inner, "cycle", None)
+        cycle = self._cycle()
         if cycle is not before and cycle is not None:
-            self._head, self._tail, self._line_done = 0, b"", False
+            self._head, self._tail, self._line, self._line_done = 0, b"", b"", False
             self._stop_timer()
             pipelined = getattr(inner, "pipeline", None)  # its body is read after the responses before it
-            if cycle.more_body and self._limits.body_timeout is not None and not pipelined:
-                self._body_timer = asyncio.get_running_loop().call_later(
-                    self._limits.body_timeout, self._expire_body, cycle
-                )
+            if cycle.more_body and not pipelined:
+                now = self.listener.clock()
+                self._paced_from, self._body_bytes = now, self._after_head
+                self._arm_body(cycle, now, now)
         elif self._timer is None and self._between_requests():
             self._start_timer()
         if self._body_timer is not None and (cycle is None or not cycle.more_body):
@@ -201,14 +276,20 @@ class BoundedProtocol(asyncio.Protocol):
             self._body_timer = None
 
     def _measure(self, data: bytes) -> bytes | None:
-        """Add `data` to the current head; the refusal to send if it goes over a limit."""
+        """Add `data` to the current head; the refusal to send if over a limit, or no probe in the reserve."""
         limits = self._limits
+        if self._head == 0 and not self._line_done and self._cycle() is not None:
+            self.began = self.listener.clock()  # a keep-alive connection's next request
         if not self._line_done:
             newline = data.find(b"\n")
             if self._head + (len(data) if newline < 0 else newline) > limits.max_request_line:
                 message = f"The request line is longer than {limits.max_request_line} bytes."
                 return self.listener.refusal(414, "url_too_long", message)
             self._line_done = newline >= 0
+            if self in self.listener.reserved:
+                self._line += data if newline < 0 else data[:newline]
+                if self._line_done and not is_probe(self._line, limits.probe_paths):
+                    return self.listener.busy(PROBES_ONLY)
         window = self._tail + data
         end = window.find(_TERMINATOR)
         size = self._head + (len(data) if end < 0 else end + len(_TERMINATOR) - len(self._tail))
@@ -217,8 +298,12 @@ class BoundedProtocol(asyncio.Protocol):
             return self.listener.refusal(431, "header_too_large", message)
         if end < 0:
             self._head, self._tail = size, window[-3:]
-        else:  # what follows is a body or the next request, which the parser frames
-            self._head, self._tail, self._line_done = 0, b"", False
+            return None
+        # What follows is a body or the next request, which the parser frames; a probe has neither.
+        self._after_head = len(window) - end - len(_TERMINATOR)
+        self._head, self._tail, self._line, self._line_done = 0, b"", b"", False
+        if self._after_head and self in self.listener.reserved:
+            return self.listener.busy(PROBES_ONLY)
         return None
 
     def eof_received(self) -> bool | None:
@@ -244,7 +329,7 @@ class BoundedProtocol(asyncio.Protocol):
         if not self._refused:
             self.inner.resume_writing()
 
-    # -- the clock and closing ---------------------------------------------------------------------
+    # -- the clocks and closing --------------------------------------------------------------------
     def _start_timer(self) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
@@ -258,19 +343,32 @@ class BoundedProtocol(asyncio.Protocol):
             self._body_timer.cancel()
             self._body_timer = None
 
-    def _expire_body(self, cycle: Any) -> None:
+    def _arm_body(self, cycle: Any, began: float, now: float) -> None:
+        """Wake up when the body is due (by the body deadline or the minimum rate), if it ever is."""
+        deadline, _ = body_deadline(self._limits, began, self._paced_from, self._body_bytes)
+        if deadline < math.inf:
+            self._body_timer = asyncio.get_running_loop().call_later(
+                deadline - now, self._expire_body, cycle, began
+            )
+
+    def _expire_body(self, cycle: Any, began: float) -> None:
         self._body_timer = None
         transport = self._transport
-        current: Any = getattr(self.inner, "cycle", None)
-        if transport is None or transport.is_closing() or current is not cycle:
+        if transport is None or transport.is_closing() or self._cycle() is not cycle:
             return
-        if cycle.more_body and not cycle.response_started:
-            message = "The request body did not arrive in time."
-            refusal = self.listener.refusal(408, "body_timeout", message)
-            self._stop_timer()
-            self.listener.discard(self)
-            transport.write(refusal)
-            transport.close()
+        if not cycle.more_body or cycle.response_started:
+            return
+        now = self.listener.clock()
+        if not transport.is_reading():  # the server is not reading (flow control): the pace restarts
+            self._paced_from, self._body_bytes = now, 0
+        deadline, reason = body_deadline(self._limits, began, self._paced_from, self._body_bytes)
+        if now < deadline:  # more bytes came meanwhile
+            self._arm_body(cycle, began, now)
+            return
+        message = "The request body did not arrive in time."
+        if reason == "body_too_slow":
+            message = f"The request body arrived slower than {self._limits.min_body_rate:g} bytes/s."
+        self._close_with(self.listener.refusal(408, reason, message), answer=True)
 
     def _expire(self) -> None:
         self._timer = None
@@ -280,12 +378,13 @@ class BoundedProtocol(asyncio.Protocol):
         message = "The request headers did not arrive in time."
         self._close_with(self.listener.refusal(408, "header_timeout", message))
 
-    def _close_with(self, response: bytes) -> None:
+    def _close_with(self, response: bytes, answer: bool = False) -> None:
+        """Send `response` and close: between requests, or if `answer` (no response has begun then)."""
         transport = self._transport
         self._stop_timer()
         self.listener.discard(self)
         if transport is not None and not transport.is_closing():
-            if self._between_requests():  # else a response is under way: cutting it off is all we can do
+            if answer or self._between_requests():  # else a response is under way: cutting it off is all
                 transport.write(response)
             transport.close()
 
@@ -297,5 +396,4 @@ class BoundedProtocol(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.close()
         else:
-            message = "The server has too many open connections; retry shortly."
-            self._close_with(self.listener.refusal(503, "connection_limit", message, b"retry-after: 1\r\n"))
+            self._close_with(self.listener.busy(), answer=self.uploading)

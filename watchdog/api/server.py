@@ -13,8 +13,22 @@ from starlette.applications import Starlette
 from ..listener import Listener, ListenerLimits
 from .promjson import ERROR_STATUS
 
-# The own API serves a few scrapers, probes and operators: a small cap, and headers within 10 s.
-API_LIMITS = ListenerLimits(max_connections=512, header_timeout=10.0)
+# What may use the reserve beyond the cap: Docker's HEALTHCHECK, orchestrators' probes, Prometheus.
+PROBE_PATHS = frozenset({"/healthz", "/-/healthy", "/-/ready", "/metrics"})
+# The own API serves a few scrapers, probes and operators: a small cap, headers within 10 s, and a body that,
+# after 5 s, comes at 512 bytes/s at least (all of it within 30 s). At the cap a connection still sending its
+# request, body included, makes room for a newcomer; when every one is busy with a request, 8 more
+# connections are kept for probes, so that /healthz and /metrics are answered whatever the clients do.
+API_LIMITS = ListenerLimits(
+    max_connections=512,
+    header_timeout=10.0,
+    body_timeout=30.0,
+    min_body_rate=512.0,
+    body_grace=5.0,
+    evict_uploads=True,
+    reserve=8,
+    probe_paths=PROBE_PATHS,
+)
 
 
 class ApiServer(uvicorn.Server):
@@ -69,6 +83,6 @@ def api_server(app: Starlette, host: str, port: int, listener: Listener) -> ApiS
             log_config=None,
             access_log=False,
             lifespan="off",
-            http=listener.protocol(),  # connection cap, header deadline and size (431)
+            http=listener.protocol(),  # connection cap and reserve, header and body deadlines, header size
         )
     )
