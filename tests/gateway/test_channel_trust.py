@@ -11,6 +11,7 @@ kernel records a listener's credentials for SO_PEERCRED at listen()).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -185,6 +186,15 @@ async def test_a_directory_others_may_write_to_is_refused_not_adopted(
     assert fake.received() == []
 
 
+async def test_the_gateway_process_will_not_serve_in_such_a_directory_and_says_why(tmp_path: Path) -> None:
+    """The real gateway process, started by the daemon: it exits 4, and the daemon's error names the socket."""
+    sock = _private(tmp_path, 0o777) / "gateway.sock"
+    link = GatewayProcess(GatewaySpec(_config(), str(sock), 60.0), supervise=True)
+    with pytest.raises(OSError, match=f"gateway cannot serve its control socket {sock}"):
+        await link.attach()
+    assert link.starts == 1 and not sock.exists()
+
+
 async def test_a_writable_directory_on_the_way_is_refused_and_a_sticky_one_is_not(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -237,7 +247,7 @@ async def test_a_listener_of_another_user_gets_nothing_not_even_the_config(
 
 @as_root
 async def test_a_forged_status_never_reaches_the_store_nor_the_api_keys_the_impostor(
-    tmp_path: Path, fakes: list[Fake]
+    tmp_path: Path, fakes: list[Fake], caplog: pytest.LogCaptureFixture
 ) -> None:
     """As under `run --external-gateway`: the daemon attaches to whatever answers on the socket."""
     sock = _private(tmp_path) / "gateway.sock"
@@ -246,12 +256,16 @@ async def test_a_forged_status_never_reaches_the_store_nor_the_api_keys_the_impo
     store = Store()
     link = GatewayProcess(GatewaySpec(config, str(sock), 60.0), supervise=False)
     control = GatewayControl(config, GatewayControlOptions(link, store))
-    await control.start()
-    assert await control.tick() is None
-    with pytest.raises(ChannelError):
-        await control.apply(config)
+    with caplog.at_level(logging.ERROR, "vllm_watchdog.gateway.channel"):
+        await control.start()
+        assert await control.tick() is None
+        with pytest.raises(ChannelError):
+            await control.apply(config)
     assert (control.snapshot, control.reachable, store.puts) == (None, False, [])
     assert fake.received() == []
+    refusals = [r for r in caplog.records if r.getMessage() == "refusing the gateway's control socket"]
+    assert len(refusals) == 1  # said once, not once a second
+    assert f"{sock} is served by uid {NOBODY}" in refusals[0].__dict__["error"]
 
 
 # --- signals ----------------------------------------------------------------------------------------------
@@ -285,10 +299,12 @@ async def test_a_pid_the_gateway_names_is_never_signalled_unless_it_holds_the_so
     assert victim.poll() is None
 
 
-async def test_a_gateway_that_holds_its_socket_is_pinned_and_stopped(tmp_path: Path) -> None:
+async def test_a_gateway_that_holds_its_socket_is_pinned_and_stopped(
+    tmp_path: Path, fakes: list[Fake]
+) -> None:
     sock = _private(tmp_path) / "gateway.sock"
     config = _config()
-    fake = Fake(sock, -1, _answers(config, "self"))
+    fakes.append(fake := Fake(sock, -1, _answers(config, "self")))
     link = GatewayProcess(GatewaySpec(config, str(sock), 60.0), supervise=True, python="/bin/false")
     await link.attach()
     assert link.pid == fake.proc.pid and link.alive()
