@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 
 from vllm_watchdog.api.prometheus import MAX_PARAM, QueryOptions, query_routes
 from vllm_watchdog.api.promjson import ApiError, format_time, format_value, parse_seconds, parse_time
+from vllm_watchdog.api.queryrunner import QueryRunner
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.redact import Redactor
 from vllm_watchdog.store import SampleStore, make_labels
@@ -92,8 +93,9 @@ def _client(monotonic: Ticks, ready: bool = True, pauses: list[float] | None = N
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
+    runner = QueryRunner(monotonic, sleep)
     options = QueryOptions(
-        lambda: config, lambda: store, Redactor, lambda: T0 + 600, monotonic, lambda: ready, sleep
+        lambda: config, lambda: store, Redactor, lambda: T0 + 600, monotonic, lambda: ready, runner
     )
     app = Starlette(routes=query_routes(options))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")

@@ -1,5 +1,5 @@
 """The own HTTP API on `listen`: /metrics, /healthz, Prometheus' read API (targets, series, query,
-query_range, buildinfo, /-/healthy, /-/ready), the store's raw samples, the incident bundles, and
+query_range, buildinfo, /-/healthy, /-/ready), the store's raw samples (samples.py), the incident bundles, and
 token-guarded control.
 
 Everything it shows passes through the live config's `Redactor` (secret values and shapes masked); everything
@@ -8,7 +8,6 @@ that changes state goes through `ControlGuard` (bearer token, bounded bodies).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,11 +24,9 @@ from starlette.routing import Route
 from ..actions.remediator import Remediator
 from ..gateway.channel import ChannelError
 from ..gateway.handle import GatewayControl
-from ..promql.selectors import parse_selector
 from ..redact import ConfigRedactors, Redactor
 from ..ruler.evaluation import RuleEvaluation
 from ..sources.monitor import Monitor
-from ..store import is_stale
 from .control import (
     ControlGuard,
     bad_request,
@@ -42,18 +39,11 @@ from .incidents import incident_routes
 from .jsonbodies import JSONAnswer
 from .prometheus import MAX_BODY as MAX_QUERY_BODY
 from .prometheus import READ_POSTS, QueryOptions, query_routes
+from .queryrunner import QueryRunner
+from .samples import samples_route
 from .targets import targets_json
 
-MAX_SERIES = 10_000
 MAX_CONTROL_BODY = 64 * 1024
-
-
-def _value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -84,6 +74,7 @@ def build_app(options: ApiOptions) -> Starlette:
     """The Starlette app; the bearer token and the redaction follow the monitor's current config."""
     monitor, evaluation, registry = options.monitor, options.evaluation, options.registry
     redactors = ConfigRedactors()
+    runner = QueryRunner(options.monotonic)  # the queries and /api/v1/samples take turns at it
 
     def redactor() -> Redactor:
         return redactors.get(monitor.config)
@@ -104,32 +95,6 @@ def build_app(options: ApiOptions) -> Starlette:
         return answer(
             {"status": "success", "data": targets_json(monitor, q.get("scrapePool", ""), q.get("state", ""))}
         )
-
-    async def samples(request: Request) -> Response:
-        match = request.query_params.get("match") or request.query_params.get("match[]")
-        if not match:
-            return error_response(
-                400, "query parameter 'match' is required, e.g. match=vllm:num_requests_waiting"
-            )
-        try:
-            selector = parse_selector(match)
-        except ValueError as exc:
-            return error_response(400, str(exc))
-        found = selector.select(monitor.store)
-        if len(found) > MAX_SERIES:
-            return error_response(422, f"{len(found)} series match; narrow the selector (limit {MAX_SERIES})")
-        red = redactor()
-        data = [
-            {
-                "labels": red.value(dict(s.labels)),  # samples are numbers: no need to walk them
-                "samples": [
-                    [t / 1000, "stale" if is_stale(v) else _value(v)]
-                    for t, v in zip(s.ts, s.vals, strict=True)
-                ],
-            }
-            for s in found
-        ]
-        return JSONAnswer({"status": "success", "data": data})
 
     async def alerts(request: Request) -> Response:
         return answer(evaluation.manager.alerts_json())
@@ -162,7 +127,7 @@ def build_app(options: ApiOptions) -> Starlette:
             Route("/metrics", metrics),
             Route("/healthz", healthz),
             Route("/api/v1/targets", targets),
-            Route("/api/v1/samples", samples),
+            samples_route(lambda: monitor.store, redactor, runner),
             *query_routes(
                 QueryOptions(
                     lambda: monitor.config,
@@ -171,6 +136,7 @@ def build_app(options: ApiOptions) -> Starlette:
                     options.clock,
                     options.monotonic,
                     options.ready,
+                    runner,
                 )
             ),
             Route("/api/v1/alerts", alerts),

@@ -1,21 +1,21 @@
 """Prometheus' read API: query, query_range, series, labels, label values, buildinfo, /-/healthy, /-/ready.
 
 Answers come from the embedded sample store through the same PromQL engine the rules use, in Prometheus 2.42's
-JSON, so Grafana can use the watchdog as a Prometheus data source for the window the store keeps. Queries run
-on the daemon's event loop (the store is not thread-safe), so every one is bounded: its length, its points, a
-deadline checked at each step, and a duty cycle that leaves the loop to scrapes and rules between queries.
+JSON, so Grafana can use the watchdog as a Prometheus data source for the window the store keeps. The event
+loop only reads each request's parameters: everything after (parsing the expression, evaluating, sorting,
+redacting, encoding) runs in a child process of the query runner (queryrunner.py), one query at a time, its
+clients in turn, within a deadline and a byte cap, so that scrapes, rules and actions keep their schedule.
 """
 
 from __future__ import annotations
 
-import asyncio
 import platform
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
@@ -27,8 +27,11 @@ from ..promql.selectors import Selector, parse_selector
 from ..promql.values import Matrix, PromQLError, QueryError, QueryTimeout, Value, Vector
 from ..redact import Redactor
 from ..store import Labels, SampleStore
+from .fairqueue import Busy
 from .jsonbodies import JSONAnswer
 from .promjson import ApiError, Form, api_error, bad_param, parse_seconds, parse_time, result_json
+from .querychild import Answer, ChildFailed
+from .queryrunner import QueryRunner, error_kind
 
 MAX_POINTS = 11_000  # per series of a range query, as Prometheus
 MAX_SAMPLES = 500_000  # in one answer (Prometheus' --query.max-samples is 50 M; this process also scrapes)
@@ -36,10 +39,8 @@ MAX_PARAM = 16 * 1024  # characters of one parameter (a query, a match[])
 MAX_BODY = 64 * 1024  # bytes of a POSTed form
 MAX_MATCH = 64  # match[] parameters of one /series request
 MAX_SERIES = 10_000  # series in one /series answer
-QUERY_TIMEOUT = 2.0  # seconds; also the most a `timeout` parameter can ask for (the loop is shared)
-MAX_WAITING = 32  # queries queued behind the one running; more are refused (503)
-T = TypeVar("T")
-Handler = Callable[["Form", dict[str, str]], Awaitable[Response]]
+QUERY_TIMEOUT = 2.0  # seconds; also the most a `timeout` parameter can ask for
+Handler = Callable[["Form", Request], Awaitable[Response]]
 READ_POSTS = frozenset(
     {"/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels"}
 )  # POSTs that only read
@@ -47,7 +48,8 @@ READ_POSTS = frozenset(
 
 @dataclass(frozen=True)
 class QueryOptions:
-    """What the query API reads: live config and store, redaction, wall and monotonic clocks, readiness."""
+    """What the query API reads: live config and store, redaction, wall and monotonic clocks, readiness, and
+    the runner its queries take turns at (the app shares it with /api/v1/samples)."""
 
     config: Callable[[], Config]
     store: Callable[[], SampleStore]
@@ -55,38 +57,28 @@ class QueryOptions:
     clock: Callable[[], float]
     monotonic: Callable[[], float]
     ready: Callable[[], bool]
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # how the gate waits its turn
+    runner: QueryRunner = field(default_factory=QueryRunner)
 
 
-class QueryGate:
-    """Runs one query at a time and, after a query that took d seconds, waits d before the next one, so that
-    queries take at most about half of the event loop; refuses when MAX_WAITING are queued."""
+def encoded(produce: Callable[[], Any]) -> Answer:
+    """In the child: Prometheus' success JSON around what `produce` returns, or its error for an ApiError."""
+    response: JSONResponse
+    try:
+        response = JSONAnswer({"status": "success", "data": produce()})
+    except ApiError as err:
+        response = api_error(err)
+    return Answer(response.status_code, bytes(response.body))
 
-    def __init__(self, monotonic: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
-        self.monotonic = monotonic
-        self.sleep = sleep
-        self.lock = asyncio.Lock()
-        self.waiting = 0
-        self.free_at = 0.0
 
-    async def run(self, work: Callable[[], T]) -> T:
-        """Run `work` when it is this query's turn; ApiError(unavailable) if too many wait."""
-        if self.waiting >= MAX_WAITING:
-            raise ApiError("unavailable", f"too many queries waiting ({MAX_WAITING}); try again later")
-        self.waiting += 1
-        try:
-            async with self.lock:
-                pause = self.free_at - self.monotonic()
-                if pause > 0:
-                    await self.sleep(pause)
-                started = self.monotonic()
-                try:
-                    return work()
-                finally:
-                    ended = self.monotonic()
-                    self.free_at = ended + (ended - started)
-        finally:
-            self.waiting -= 1
+async def answered(
+    runner: QueryRunner, request: Request, work: Callable[[], Answer], seconds: float
+) -> Response:
+    """The runner's answer to `work` as a response; ApiError if it could not give one."""
+    try:
+        answer = await runner.run(request.scope, work, seconds)
+    except (Busy, ChildFailed) as exc:
+        raise ApiError(error_kind(exc), str(exc)) from None
+    return Response(answer.body, status_code=answer.status, media_type="application/json")
 
 
 def _deadline(monotonic: Callable[[], float], seconds: float) -> Callable[[], None]:
@@ -134,18 +126,13 @@ def _selectors(texts: list[str]) -> list[Selector]:
 
 def query_routes(options: QueryOptions) -> list[Route]:
     """The routes; each answers Prometheus' JSON, and its errors Prometheus' errorType and status."""
-    gate = QueryGate(options.monotonic, options.sleep)
-    engines: dict[tuple[int, float, float], Engine] = {}
+    runner = options.runner
 
     def engine() -> Engine:
-        g, store = options.config().global_, options.store()
-        key = (id(store), g.lookback_delta, g.evaluation_interval)
-        if key not in engines:
-            engines.clear()  # a reload changed the lookback: queries from now on use the new one
-            engines[key] = Engine(store, lookback=key[1], default_step=key[2])
-        return engines[key]
+        g = options.config().global_
+        return Engine(options.store(), lookback=g.lookback_delta, default_step=g.evaluation_interval)
 
-    def answer(value: Value) -> Response:
+    def result(value: Value) -> dict[str, Any]:
         if _count(value) > MAX_SAMPLES:
             raise ApiError(
                 "execution",
@@ -156,16 +143,15 @@ def query_routes(options: QueryOptions) -> list[Route]:
             red = options.redactor()
             for item in data["result"]:
                 item["metric"] = red.value(item["metric"])
-        return JSONAnswer({"status": "success", "data": data})
+        return data
 
-    async def evaluate(work: Callable[[], Value]) -> Response:
+    def evaluated(evaluate: Callable[[Callable[[], None]], Value], seconds: float) -> dict[str, Any]:
         try:
-            value = await gate.run(work)
+            return result(evaluate(_deadline(options.monotonic, seconds)))
         except QueryTimeout as exc:
             raise ApiError("timeout", str(exc)) from None
         except QueryError as exc:
             raise ApiError("execution", str(exc)) from None
-        return answer(value)
 
     def compiled(text: str, prefix: bool) -> str:
         try:
@@ -175,13 +161,17 @@ def query_routes(options: QueryOptions) -> list[Route]:
             raise (bad_param("query", message) if prefix else ApiError("bad_data", message)) from None
         return text
 
-    async def query(form: Form, path: dict[str, str]) -> Response:
+    async def query(form: Form, request: Request) -> Response:
         at = parse_time(form.get("time"), "time") if form.get("time") else options.clock()
-        seconds = _timeout(form)
-        expr = compiled(form.get("query"), prefix=True)
-        return await evaluate(lambda: engine().query(expr, at, tick=_deadline(options.monotonic, seconds)))
+        seconds, text = _timeout(form), form.get("query")
 
-    async def query_range(form: Form, path: dict[str, str]) -> Response:
+        def work() -> dict[str, Any]:
+            expr = compiled(text, prefix=True)
+            return evaluated(lambda tick: engine().query(expr, at, tick=tick), seconds)
+
+        return await answered(runner, request, lambda: encoded(work), seconds)
+
+    async def query_range(form: Form, request: Request) -> Response:
         start = parse_time(form.get("start"), "start")
         end = parse_time(form.get("end"), "end")
         if end < start:
@@ -198,20 +188,24 @@ def query_routes(options: QueryOptions) -> list[Route]:
                 "exceeded maximum resolution of 11,000 points per timeseries. "
                 "Try decreasing the query resolution (?step=XX)",
             )
-        seconds = _timeout(form)
-        expr = compiled(form.get("query"), prefix=False)
-        kind = compile_plan(expr).kind
-        if kind not in ("vector", "scalar"):
-            name = "range vector" if kind == "matrix" else kind
-            message = f'invalid expression type "{name}" for range query, must be Scalar or instant Vector'
-            raise ApiError("bad_data", message)
-        return await evaluate(
-            lambda: engine().query_range(expr, start, end, step, tick=_deadline(options.monotonic, seconds))
-        )
+        seconds, text = _timeout(form), form.get("query")
 
-    async def matching(form: Form, limit: int | None) -> list[Labels]:
-        """The label sets of the stored series that a match[] selector picks (every series if there is none
-        and no `limit`), with a sample between `start` and `end`; ApiError past `limit` series."""
+        def work() -> dict[str, Any]:
+            expr = compiled(text, prefix=False)
+            kind = compile_plan(expr).kind
+            if kind not in ("vector", "scalar"):
+                name = "range vector" if kind == "matrix" else kind
+                message = (
+                    f'invalid expression type "{name}" for range query, must be Scalar or instant Vector'
+                )
+                raise ApiError("bad_data", message)
+            return evaluated(lambda tick: engine().query_range(expr, start, end, step, tick=tick), seconds)
+
+        return await answered(runner, request, lambda: encoded(work), seconds)
+
+    def matcher(form: Form, limit: int | None) -> Callable[[], list[Labels]]:
+        """What finds the label sets of the stored series that a match[] selector picks (every series if
+        there is none and no `limit`), with a sample between `start` and `end`; ApiError past `limit`."""
         texts = form.all("match[]")
         selectors = _selectors(texts) if texts or limit is not None else [Selector(None, ())]
         start = parse_time(form.get("start"), "start") if form.get("start") else None
@@ -229,28 +223,37 @@ def query_routes(options: QueryOptions) -> list[Route]:
                             raise ApiError("execution", f"more than {limit} series match")
             return sorted(found)
 
-        return await gate.run(find)
+        return find
 
-    async def series(form: Form, path: dict[str, str]) -> Response:
-        red = options.redactor()
-        found = await matching(form, MAX_SERIES)
-        return JSONAnswer({"status": "success", "data": [red.value(dict(ls)) for ls in found]})
+    async def series(form: Form, request: Request) -> Response:
+        find = matcher(form, MAX_SERIES)
 
-    async def label_names(form: Form, path: dict[str, str]) -> Response:
-        names = sorted({k for ls in await matching(form, None) for k, _ in ls})
-        return JSONAnswer({"status": "success", "data": names})
+        def work() -> list[Any]:
+            red = options.redactor()
+            return [red.value(dict(ls)) for ls in find()]
 
-    async def label_values(form: Form, path: dict[str, str]) -> Response:
-        name = path["name"]
+        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
+
+    async def label_names(form: Form, request: Request) -> Response:
+        find = matcher(form, None)
+        work = lambda: sorted({k for ls in find() for k, _ in ls})  # noqa: E731
+        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
+
+    async def label_values(form: Form, request: Request) -> Response:
+        name = request.path_params["name"]
         if not _label_name(name):
             raise ApiError("bad_data", f"invalid label name: {name[:64]!r}")
-        values = sorted({v for ls in await matching(form, None) for k, v in ls if k == name})
-        return JSONAnswer({"status": "success", "data": options.redactor().value(values)})
+        find = matcher(form, None)
+
+        def work() -> Any:
+            return options.redactor().value(sorted({v for ls in find() for k, v in ls if k == name}))
+
+        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
 
     def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                return await handler(await Form.read(request, MAX_PARAM), dict(request.path_params))
+                return await handler(await Form.read(request, MAX_PARAM), request)
             except ApiError as err:
                 return api_error(err)
 
