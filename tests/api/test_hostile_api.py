@@ -10,7 +10,9 @@ scrapes failed while a traceback per accept filled the log.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import itertools
 import json
 import resource
 import socket
@@ -26,7 +28,7 @@ import pytest
 
 from tests.service.test_daemon import PAYLOAD
 from tests.support.apitargets import targets
-from tests.support.configs import AUTH, write_config
+from tests.support.configs import AUTH, FAST, write_config
 from tests.support.configs import target as target_entry  # `target` is this module's fake vLLM fixture
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
@@ -46,6 +48,7 @@ def _config(tmp_path: Path, url: str, port: int) -> Path:
         tmp_path,
         target_entry(url),
         port=port,
+        global_settings={**FAST, "label_value_length_limit": 65536},  # the 50 kB label value is stored
         rest="""actions:
   restart: {type: restart}
 routes:
@@ -174,6 +177,50 @@ def test_a_50_kb_label_value_is_redacted_in_linear_time(api: str) -> None:
     (series,) = r.json()["data"]
     assert series["labels"]["model"] == LONG
     assert time.monotonic() - started < READ_LIMIT
+
+
+# -- the read API against the daemon's schedule ---------------------------------------------------------
+HAMMER = 6.0  # seconds of hostile queries, back to back from four clients
+
+
+def _missed_scrapes(base: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=READ_LIMIT).text
+    prefix = 'vllm_watchdog_missed_deadlines_total{job="scrape"} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def _hammer(base: str, until: float) -> list[int]:
+    """Heavy read-API requests back to back until `until`: a range query answering megabytes, every raw
+    sample, nested sorts. Before issue 28 each held the daemon's loop while its answer was built."""
+    now = time.time()
+    asks: list[tuple[str, dict[str, str]]] = [
+        (
+            "/api/v1/query_range",
+            {"query": '{__name__=~".+"}', "start": str(now), "end": str(now + 1099.9), "step": "0.1"},
+        ),
+        ("/api/v1/samples", {"match": '{__name__=~".+"}'}),
+        ("/api/v1/query", {"query": 'sort_desc(sort(sort_desc({__name__=~".+"})))'}),
+    ]
+    statuses = []
+    with httpx.Client(timeout=READ_LIMIT) as client:
+        for path, params in itertools.cycle(asks):
+            if time.monotonic() > until:
+                return statuses
+            statuses.append(client.get(base + path, params=params).status_code)
+    return statuses
+
+
+def test_hostile_queries_back_to_back_leave_scrapes_on_schedule(api: str, target: FaultServer) -> None:
+    missed = _missed_scrapes(api)
+    scrapes = sum(1 for _, path, _ in target.requests if path == "/metrics")
+    until = time.monotonic() + HAMMER
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        statuses = [s for done in pool.map(_hammer, [api] * 4, [until] * 4) for s in done]
+    scraped = sum(1 for _, path, _ in target.requests if path == "/metrics") - scrapes
+    assert set(statuses) <= {200, 422, 503} and statuses.count(200) >= 4, statuses
+    # One scrape a second: six in the window, give or take the ends and one run a loaded machine delays.
+    assert scraped >= HAMMER - 2 and _missed_scrapes(api) - missed <= 1, (scraped, statuses)
+    assert httpx.get(api + "/api/v1/query", params={"query": "up"}, timeout=READ_LIMIT).status_code == 200
 
 
 # -- descriptors ----------------------------------------------------------------------------------------
