@@ -1,6 +1,7 @@
 """GET /api/v1/incidents through a running daemon: a restart of a systemd-mode target (systemctl is a stub
 that names a stand-in process as the unit's main process) leaves an incident, listed and shown by id with its
-stacks and summary, named in the webhook's action events; bad ids and limits are refused, bounded."""
+stacks and summary, named in the webhook's action events; bad ids and limits are refused, bounded; a hostile
+bundle (a manifest nested 200k deep, zero-filled members, escape sequences) fails alone, without a token."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.service.test_daemon import PAYLOAD, wait_for
 from tests.support.apitargets import targets
 from tests.support.configs import AUTH, FAST, target, write_config
 from tests.support.faultserver import FaultServer
+from tests.support.incidents import hostile_bundle
 from tests.support.vllm_server import free_port
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 
@@ -111,3 +113,28 @@ async def test_a_restart_is_listed_and_shown_with_its_evidence(
             break
         await asyncio.sleep(0.1)
     assert started() and started()[0]["commonAnnotations"] == {"incident": entry["id"]}
+
+
+async def test_hostile_bundles_fail_alone_and_the_good_one_still_lists(
+    daemon: tuple[str, FaultServer], tmp_path: Path
+) -> None:
+    base, _ = daemon
+    state = tmp_path / "state"
+    good = {
+        "manifest.json": json.dumps({"target": {"name": "vllm-0"}, "action": {"action_id": 10**30}}).encode()
+    }
+    hostile_bundle(state, "good-1", good)
+    hostile_bundle(state, "deep-1", {"manifest.json": b"[" * 200_000 + b"]" * 200_000})  # 516 bytes
+    hostile_bundle(state, "zeros-1", {"manifest.json": b"{}", "log.txt": 64 << 20})
+    async with httpx.AsyncClient(timeout=30) as c:  # no token: GET needs none
+        listed = await c.get(base + "/api/v1/incidents")
+        assert listed.status_code == 200, listed.text  # was a 500 for every bundle: a RecursionError
+        entries = {e["id"]: e for e in listed.json()["data"]["incidents"]}
+        assert entries["good-1"]["target"] == "vllm-0" and entries["good-1"]["action_id"] is None
+        assert entries["deep-1"]["error"] == "incident 'deep-1': manifest.json: nested deeper than 32 levels"
+        assert "error" not in entries["zeros-1"]  # its manifest reads; its log is not read to list it
+        zeros = await c.get(base + "/api/v1/incidents/zeros-1")
+        assert zeros.status_code == 404 and "holds 67108864 bytes, more than the 8388608 read" in zeros.text
+        deep = (await c.get(base + "/api/v1/incidents/deep-1")).json()["data"]
+        assert deep["manifest"] == {"error": "not JSON: nested deeper than 32 levels"}
+        assert (await c.get(base + "/api/v1/incidents/good-1")).json()["data"]["outcome"] is None

@@ -1,5 +1,6 @@
 """`vllm-watchdog incident list|show`: a bundle read from the config's state_dir and printed for a person,
-with the action's outcome from the audit log; a damaged bundle still prints what it can."""
+with the action's outcome from the audit log; a damaged bundle still prints what it can, a hostile one breaks
+nothing else, and nothing in a bundle reaches the terminal as a control sequence."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_nvml import FakeNvml
+from tests.support.incidents import hostile_bundle
 from vllm_watchdog.actions.incidents.bundle import Bundles
-from vllm_watchdog.actions.incidents.summary import summary
+from vllm_watchdog.actions.incidents.summary import Headline, headline, shown, summary
 from vllm_watchdog.actions.state import ACTIONS_DB, ActionStore
 from vllm_watchdog.cli import main
 from vllm_watchdog.sources.nvmlsnapshot import snapshot
@@ -150,3 +152,61 @@ def test_list_and_show_read_the_state_dir_and_the_audit_log(
     cfg.write_text("listen: 127.0.0.1:9460\n")
     assert main(["incident", "list", "--config", str(cfg)]) == 2
     assert "no state_dir" in capsys.readouterr().err
+
+
+ESCAPES = {
+    "target": {"name": "vllm-0\x1b]0;owned\x07\x1b[2J", "mode": "docker"},  # set the title, clear the screen
+    "alert": {"alertname": "Hung\x9b31m", "job": "\x1bP+q\x1b\\"},  # a one-byte C1 CSI; a DCS query
+    "action": {"name": "restart\u202e", "action_id": 10**30, "plan": ["not", "text"]},  # bidi; no audit row
+    "parts": [{"name": {"x": 1}, "status": "ok"}],
+}
+
+
+def _controls(text: str) -> set[str]:
+    return {c for c in text if not c.isprintable() and c not in "\n\t"}
+
+
+def test_shown_writes_every_control_but_newline_and_tab_as_a_question_mark() -> None:
+    assert shown("a\tb") == "a\tb"
+    assert shown("\x1b[31mred\x07\x9b0m\x7f\u202e\u2028\ud800\n") == "?[31mred??0m?????"
+
+
+def test_a_manifest_field_of_the_wrong_type_lists_as_unknown() -> None:
+    doc = {"created_at": "soon", "target": ["x"], "action": {"name": 7, "action_id": 10**30}, "parts": {}}
+    assert headline(doc) == Headline()
+    good = {"created_at": 1.5, "action": {"action_id": 3, "name": "restart"}, "parts": [{"name": "gpu"}, 1]}
+    assert headline(good) == Headline(created_at=1.5, action="restart", action_id=3, parts={"gpu": "None"})
+
+
+def _config(tmp_path: Path) -> str:
+    cfg = tmp_path / "watchdog.yml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\n")
+    return str(cfg)
+
+
+def test_a_manifest_nested_200k_deep_is_listed_as_unreadable_beside_the_good_bundle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Bundles(str(tmp_path / "state")).write(ID, _files(), 1_700_000_000.0)
+    deep = {"manifest.json": b"[" * 200_000 + b"]" * 200_000}  # 516 bytes gzipped
+    hostile_bundle(tmp_path / "state", "deep-1", deep)
+    assert main(["incident", "list", "--config", _config(tmp_path)]) == 0  # was a RecursionError
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(listed) == {ID, "deep-1"} and "VLLMEngineHung" in listed[ID]
+    assert "unreadable: incident 'deep-1': manifest.json: nested deeper than 32 levels" in listed["deep-1"]
+    assert main(["incident", "show", "deep-1", "--config", _config(tmp_path)]) == 0
+    assert "no readable manifest.json" in capsys.readouterr().out
+
+
+def test_nothing_in_a_bundle_reaches_the_terminal_as_a_control_sequence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = {"manifest.json": json.dumps(ESCAPES).encode(), "log.txt": b"tail \x1b]52;c;ZXZpbA==\x07\n"}
+    hostile_bundle(tmp_path / "state", "esc-1", files)
+    assert main(["incident", "list", "--config", _config(tmp_path)]) == 0
+    listed = capsys.readouterr().out
+    assert not _controls(listed) and "vllm-0?]0;owned??[2J" in listed
+    assert main(["incident", "show", "esc-1", "--config", _config(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not _controls(out)
+    assert "vllm-0?]0;owned??[2J" in out and "Hung?31m" in out and "tail ?]52;c;ZXZpbA==?" in out

@@ -1,12 +1,15 @@
 """Reading incident bundles in tests: their files, the functions in their stacks, and promtool's import of
-their metrics; and a sleep that waits for a test to move time (collection budgets and part timeouts)."""
+their metrics; hostile bundles, as anyone who can write state_dir/incidents can leave them; and a sleep that
+waits for a test to move time (collection budgets and part timeouts)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +95,41 @@ class Sleeper:
     def sleeping(self) -> int:
         """How many sleeps wait now."""
         return sum(1 for _, f in self.waiting if not f.done())
+
+
+class _Zeros(io.RawIOBase):
+    """`size` zero bytes, made as they are read (a hostile member costs the test no memory)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def hostile_bundle(
+    state_dir: Path | str,
+    incident_id: str,
+    members: dict[str, bytes | int],
+    pax: dict[str, str] | None = None,
+) -> Path:
+    """A bundle as anyone who can write state_dir/incidents can leave it: each member its bytes, or (an int)
+    that many zero bytes; `pax` headers on the first member. Gzip at level 9, as an attacker would."""
+    directory = Path(state_dir) / "incidents"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{incident_id}.tar.gz"
+    with tarfile.open(path, "w:gz", compresslevel=9, format=tarfile.PAX_FORMAT) as tar:
+        for n, (name, data) in enumerate(members.items()):
+            info = tarfile.TarInfo(f"{incident_id}/{name}")
+            info.size = data if isinstance(data, int) else len(data)
+            if pax and n == 0:
+                info.pax_headers = dict(pax)
+            tar.addfile(info, _Zeros(data) if isinstance(data, int) else io.BytesIO(data))
+    return path

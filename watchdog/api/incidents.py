@@ -1,11 +1,11 @@
 """GET /api/v1/incidents: the incident bundles in state_dir/incidents, newest first, and one by id with its
 evidence and readable summary. Read-only and bounded: a list of at most MAX_LIST, files shown up to MAX_SHOWN
-bytes each (the metrics file is only named: fetch the bundle itself for it)."""
+bytes each (the metrics file is left in the bundle: fetch the bundle itself for it), each bundle read within
+its ReadLimits. A bundle that cannot be read is listed with an `error` and never fails the list."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..actions.incidents.bundle import BundleError, Bundles, valid_id
-from ..actions.incidents.summary import summary
+from ..actions.incidents.bundle import MANIFEST, BundleError, Bundles, load_json, valid_id
+from ..actions.incidents.summary import SUMMARY_FILES, headline, summary
 from ..actions.remediator import Remediator
 from .control import error_response
 
@@ -49,16 +49,17 @@ def incident_routes(remediator: Remediator, answer: Callable[[Any], Response]) -
         if found is None or not valid_id(incident_id):
             return error_response(404, f"no incident {incident_id!r}")
         try:
-            files = await asyncio.to_thread(found.read, incident_id)
+            contents = await asyncio.to_thread(found.contents, incident_id, SUMMARY_FILES)
         except BundleError as exc:
             return error_response(404, str(exc))
-        manifest = _json(files.get("manifest.json"))
-        action_id = (manifest.get("action") or {}).get("action_id") if isinstance(manifest, dict) else None
-        record = remediator.store.by_id(action_id) if isinstance(action_id, int) else None
+        files = contents.files
+        manifest = _json(files.get(MANIFEST))
+        action_id = headline(manifest).action_id if isinstance(manifest, dict) else None
+        record = remediator.store.by_id(action_id) if action_id is not None else None
         data: dict[str, Any] = {
             "id": incident_id,
             "manifest": manifest,
-            "files": {name: len(raw) for name, raw in sorted(files.items())},
+            "files": dict(sorted(contents.sizes.items())),
             "outcome": None if record is None else {"outcome": record.outcome, "reason": record.reason},
             "summary": summary(files, record),
         }
@@ -81,20 +82,18 @@ def _list(bundles: Bundles, limit: int) -> list[dict[str, Any]]:
         except BundleError as exc:
             out.append(entry | {"error": str(exc)})
             continue
-        action, target = doc.get("action") or {}, doc.get("target") or {}
+        head = headline(doc)
         out.append(
             entry
             | {
-                "created_at": doc.get("created_at"),
-                "target": target.get("name"),
-                "action": action.get("name"),
-                "type": action.get("type"),
-                "trigger": action.get("trigger"),
-                "action_id": action.get("action_id"),
-                "alertname": (doc.get("alert") or {}).get("alertname"),
-                "parts": {
-                    p.get("name"): p.get("status") for p in doc.get("parts") or [] if isinstance(p, dict)
-                },
+                "created_at": head.created_at,
+                "target": head.target,
+                "action": head.action,
+                "type": head.type,
+                "trigger": head.trigger,
+                "action_id": head.action_id,
+                "alertname": head.alertname,
+                "parts": head.parts,
             }
         )
     return out
@@ -106,9 +105,9 @@ def _json(raw: bytes | None) -> Any:
     if len(raw) > MAX_SHOWN:
         return {"error": f"{len(raw)} bytes: larger than the {MAX_SHOWN} shown here"}
     try:
-        return json.loads(raw)
-    except ValueError:
-        return {"error": "not JSON"}
+        return load_json(raw)
+    except ValueError as exc:
+        return {"error": f"not JSON: {exc}"[:300]}
 
 
 def _text(raw: bytes) -> list[str]:

@@ -1,5 +1,8 @@
 """`vllm-watchdog incident list|show ID`: the incident bundles of the config's state_dir, read from disk (the
-daemon need not run), each shown as a readable summary with its action's outcome from the audit log."""
+daemon need not run), each shown as a readable summary with its action's outcome from the audit log.
+
+A bundle that cannot be read is listed with the reason and never stops the list; whatever a bundle holds is
+printed through `summary.shown`, so no escape sequence in it reaches the terminal."""
 
 from __future__ import annotations
 
@@ -7,18 +10,18 @@ import os
 from datetime import datetime, timezone
 from typing import TextIO
 
-from ..actions.incidents.bundle import BundleError, Bundles
-from ..actions.incidents.summary import FRAMES, LOG_LINES, summary
+from ..actions.incidents.bundle import MANIFEST, BundleError, Bundles, load_json
+from ..actions.incidents.summary import FRAMES, LOG_LINES, SUMMARY_FILES, headline, shown, summary
 from ..actions.records import ActionRecord
 from ..actions.state import ACTIONS_DB, ActionStore
 from ..config.model import Config
 from ..exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
-def _outcome(state_dir: str, action_id: object) -> ActionRecord | None:
+def _outcome(state_dir: str, action_id: int | None) -> ActionRecord | None:
     """The audit row of the incident's action, if the audit log is there (never created here)."""
     path = os.path.join(state_dir, ACTIONS_DB)
-    if not isinstance(action_id, int) or not os.path.isfile(path):
+    if action_id is None or not os.path.isfile(path):
         return None
     store = ActionStore(path)
     try:
@@ -51,16 +54,17 @@ def run_incident(
         print("vllm-watchdog incident show: which incident? (see `vllm-watchdog incident list`)", file=err)
         return EXIT_USAGE
     try:
-        files = bundles.read(incident_id)
+        files = bundles.read(incident_id, SUMMARY_FILES)
     except BundleError as exc:
-        print(f"vllm-watchdog incident: {exc}", file=err)
+        print(shown(f"vllm-watchdog incident: {exc}"), file=err)
         return EXIT_FAILED
     try:
-        action_id = (bundles.manifest(incident_id).get("action") or {}).get("action_id")
-    except BundleError:
-        action_id = None  # the summary says what is wrong with the manifest
+        doc = load_json(files.get(MANIFEST, b"null"))
+    except ValueError:
+        doc = None  # the summary says what is wrong with the manifest
+    action_id = headline(doc).action_id if isinstance(doc, dict) else None
     out.write(summary(files, _outcome(config.state_dir, action_id), frames=frames, log_lines=lines))
-    out.write(f"\nbundle: {bundles.info(incident_id).path}\n")
+    out.write(f"\nbundle: {shown(bundles.info(incident_id).path)}\n")
     return EXIT_OK
 
 
@@ -70,18 +74,18 @@ def _list(bundles: Bundles, out: TextIO, err: TextIO) -> int:
         print(f"no incidents in {bundles.dir}", file=err)
         return EXIT_OK
     print(f"{'ID':<44} {'WHEN (UTC)':<20} {'TARGET':<16} {'ACTION':<18} {'ALERT':<24} SIZE", file=out)
-    for info in found:
+    for info in found:  # an id is letters, digits and `_.-` (valid_id): printable as it is
         try:
-            doc = bundles.manifest(info.id)
+            head = headline(bundles.manifest(info.id))
         except BundleError as exc:
-            print(f"{info.id:<44} unreadable: {exc}", file=out)
+            print(shown(f"{info.id:<44} unreadable: {exc}"), file=out)
             continue
-        when = datetime.fromtimestamp(float(doc.get("created_at") or info.mtime), timezone.utc)
-        action = doc.get("action") or {}
+        when = datetime.fromtimestamp(head.created_at or info.mtime, timezone.utc)
         print(
-            f"{info.id:<44} {when:%Y-%m-%d %H:%M:%S}  {(doc.get('target') or {}).get('name', '?'):<16} "
-            f"{action.get('name', '?'):<18} {(doc.get('alert') or {}).get('alertname', '-'):<24} "
-            f"{info.size // 1024} KiB",
+            shown(
+                f"{info.id:<44} {when:%Y-%m-%d %H:%M:%S}  {head.target or '?':<16} {head.action or '?':<18} "
+                f"{head.alertname or '-':<24} {info.size // 1024} KiB"
+            ),
             file=out,
         )
     return EXIT_OK

@@ -3,28 +3,94 @@ innermost frames of its stack), what the GPUs and the driver said, and the last 
 
 Everything shown comes from the bundle (already redacted when it was written) and, when the audit log is at
 hand, the action's outcome. Malformed files are skipped with a note, never raised on: a bundle is evidence
-from a bad moment, and a summary must still print what it can.
+from a bad moment, and a summary must still print what it can. Nothing in it reaches a terminal as it is: a
+character a terminal would act on (an escape sequence, a C1 control, a bidi override) is shown as `?`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..records import ActionRecord
+from .bundle import MANIFEST, load_json
 
 FRAMES = 5
 LOG_LINES = 20
 KERNEL_LINES = 5
 _MIB = 1024 * 1024
+SUMMARY_FILES = (MANIFEST, "processes.json", "stacks.json", "gpu.json", "log.txt", "kernel.txt")
+"""The files a summary reads: all but the metrics, the largest by far, which a read leaves in the bundle."""
+
+
+_INT64 = 1 << 63  # an action id beyond SQLite's integers is no audit row (and would raise there)
+_LAST_TIME = 253402300800.0  # 10000-01-01: a later created_at cannot be shown as a date
+
+
+def shown(text: str) -> str:
+    """`text` with each character a terminal would act on written as `?`: C0 and C1 controls (ESC begins
+    every escape sequence; 0x9b is a one-byte CSI), DEL, format characters such as bidi overrides, line and
+    paragraph separators, lone surrogates. Tabs stay. What a bundle holds is shown, never obeyed."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
 
 
 def _load(files: Mapping[str, bytes], name: str) -> Any:
     try:
-        return json.loads(files[name]) if name in files else None
+        return load_json(files[name]) if name in files else None
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What a list shows of one bundle, from its manifest: each field of its type, or None."""
+
+    created_at: float | None = None
+    target: str | None = None
+    action: str | None = None
+    type: str | None = None
+    trigger: str | None = None
+    action_id: int | None = None
+    alertname: str | None = None
+    parts: dict[str, str] = field(default_factory=dict)
+
+
+def headline(doc: Mapping[str, Any]) -> Headline:
+    """The listed fields of a manifest; a field of the wrong type is None, never an error."""
+    action, target, alert = (_dict(doc.get(k)) for k in ("action", "target", "alert"))
+    found = doc.get("parts")
+    parts = [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
+    return Headline(
+        created_at=_float(doc.get("created_at"), _LAST_TIME),
+        target=_text(target.get("name")),
+        action=_text(action.get("name")),
+        type=_text(action.get("type")),
+        trigger=_text(action.get("trigger")),
+        action_id=_int(action.get("action_id"), _INT64),
+        alertname=_text(alert.get("alertname")),
+        parts={str(p.get("name")): str(p.get("status")) for p in parts},
+    )
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any, below: int) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < below
+    return value if ok else None
+
+
+def _float(value: Any, below: float) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < below
+    return float(value) if ok else None
 
 
 def summary(
@@ -33,18 +99,28 @@ def summary(
     frames: int = FRAMES,
     log_lines: int = LOG_LINES,
 ) -> str:
-    """The readable summary of a bundle's files (and the action's audit row, if known)."""
-    doc = _load(files, "manifest.json")
+    """The readable summary of a bundle's files (and the action's audit row, if known), safe on a terminal."""
+    doc = _load(files, MANIFEST)
     if not isinstance(doc, dict):
-        return "no readable manifest.json in this bundle\n"
+        return f"no readable {MANIFEST} in this bundle\n"
+    sections: list[tuple[str, Callable[[], list[str]]]] = [
+        ("what fired", lambda: _head(doc)),
+        ("what was done", lambda: _done(doc, outcome)),
+        ("evidence", lambda: _parts(doc)),
+        (
+            "processes",
+            lambda: _processes(_load(files, "processes.json"), _load(files, "stacks.json"), frames),
+        ),
+        ("GPUs", lambda: _gpus(_load(files, "gpu.json"), files.get("kernel.txt"))),
+        ("log", lambda: _log(files.get("log.txt"), doc, log_lines)),
+    ]
     lines: list[str] = []
-    lines += _head(doc)
-    lines += _done(doc, outcome)
-    lines += _parts(doc)
-    lines += _processes(_load(files, "processes.json"), _load(files, "stacks.json"), frames)
-    lines += _gpus(_load(files, "gpu.json"), files.get("kernel.txt"))
-    lines += _log(files.get("log.txt"), doc, log_lines)
-    return "\n".join(lines) + "\n"
+    for name, section in sections:
+        try:
+            lines += section()
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
+            lines += ["", f"{name}: malformed in this bundle ({type(exc).__name__}: {str(exc)[:200]})"]
+    return "\n".join(shown(line) for line in lines) + "\n"
 
 
 def _labels(labels: Any) -> str:
