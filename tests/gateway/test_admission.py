@@ -26,6 +26,8 @@ LONG = 60.0  # a timeout that must not
 def config(**kw: Any) -> GatewayConfig:
     kw.setdefault("max_queue_time", LONG)
     kw.setdefault("drain_max_wait", LONG)
+    # Most tests admit requests without a session to try other limits: their share is lifted unless asked for.
+    kw.setdefault("sessions", SessionConfig(anonymous_share=1.0))
     return GatewayConfig(target="gpu0", upstream="http://127.0.0.1:1", **kw)
 
 

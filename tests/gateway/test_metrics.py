@@ -118,6 +118,7 @@ def test_gate_and_proxy_series_exact() -> None:
         key("upstream_errors_total", kind="client_disconnect", **t): 2,
         key("upstream_errors_total", kind="timeout", **t): 0,  # every kind from 0
         key("upstream_errors_total", kind="protocol", **t): 0,
+        key("upstream_errors_total", kind="client_stalled", **t): 0,
         key("body_too_large_total", **t): 2,
         key("client_timeouts_total", **t): 5,
         key("refused_total", reason="admin_path", **t): 3,
@@ -287,7 +288,7 @@ def test_from_live_signals() -> None:
 
 def test_every_upstream_failure_kind_is_exported_from_zero() -> None:
     failures = (aiohttp.ConnectionTimeoutError(), aiohttp.ServerTimeoutError(), aiohttp.ClientPayloadError())
-    kinds = {upstream_failure(exc)[0] for exc in failures} | {"client_disconnect"}
+    kinds = {upstream_failure(exc)[0] for exc in failures} | {"client_disconnect", "client_stalled"}
     assert kinds == set(UPSTREAM_ERROR_KINDS)
     empty = replace(snapshot(), proxy=replace(snapshot().proxy, upstream_errors_total={}))
     got = samples(render(empty))

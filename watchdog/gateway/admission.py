@@ -3,13 +3,15 @@
 Not thread-safe: every method runs on the gateway's event loop.
 
 Invariant: after every change of state, waiters are granted slots while slots are free and someone eligible
-waits (a waiter whose session is at its cap is not eligible). So a free slot seen by a newcomer means nobody
+waits (a waiter whose session is at its cap is not eligible, nor one without a session while requests without
+one hold their share, `sessions.anonymous_share` of the cap). So a free slot seen by a newcomer means nobody
 waiting could use it, and the newcomer takes it without looking at the queue (the fast path).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -61,6 +63,7 @@ class Gate:
         self._limit = self._ceiling
         self._throttled = False  # set_limit() put the limit below the ceiling
         self._in_flight = 0
+        self._anonymous = 0  # requests without a session in flight
         self._tickets: dict[Ticket, None] = {}  # in admission order: the first is the oldest
         self._queue = WaitQueue()
         self._draining = False
@@ -78,6 +81,7 @@ class Gate:
         self._max_queue_time = config.max_queue_time
         self._drain_reject = config.drain_mode == "reject"
         self._drain_max_wait = config.drain_max_wait
+        self._anonymous_share = config.sessions.anonymous_share
         classes = config.priority.classes or (config.priority.default,)
         self._default = config.priority.default if config.priority.default in classes else classes[-1]
         self._queue.reclass(classes, self._default)
@@ -131,7 +135,7 @@ class Gate:
         if self._draining:
             if self._drain_reject:
                 return self._rejections.draining()
-        elif self._in_flight < self._limit and (session is None or self._sessions.has_room(session)):
+        elif self._in_flight < self._limit and self._has_room(session):
             return self._grant(session, priority, now, 0.0)
         return await self._wait(session, priority, rank, now)
 
@@ -180,6 +184,9 @@ class Gate:
         elif waiter.session is not None and not self._sessions.has_room(waiter.session):
             cap = self._sessions.max_in_flight
             self._finish(waiter, self._rejections.session_concurrency(cap, self._max_queue_time, retry))
+        elif waiter.session is None and self._anonymous >= self._anonymous_cap() < self._limit:
+            cap = self._anonymous_cap()  # their share held them back, not the cap of all requests
+            self._finish(waiter, self._rejections.anonymous_concurrency(cap, self._max_queue_time, retry))
         else:
             self._finish(waiter, self._rejections.queue_timeout(self._max_queue_time, retry))
 
@@ -196,7 +203,7 @@ class Gate:
             return
         now: float | None = None
         while self._queue.waiting and self._in_flight < self._limit:
-            waiter = self._queue.pick(self._sessions.has_room)
+            waiter = self._queue.pick(self._has_room)
             if waiter is None:
                 return
             if now is None:
@@ -210,6 +217,8 @@ class Gate:
         self._tickets[ticket] = None
         if session is not None:
             self._sessions.acquire(session)
+        else:
+            self._anonymous += 1
         self._admitted[priority] = self._admitted.get(priority, 0) + 1
         self._queue_time.observe(queued)
         self._recent.append((now, queued))
@@ -223,8 +232,20 @@ class Gate:
         self._in_flight -= 1
         if ticket.session is not None:
             self._sessions.release(ticket.session)
+        else:
+            self._anonymous -= 1
         if self._queue.waiting:
             self._dispatch()
+
+    def _anonymous_cap(self) -> int:
+        """Slots requests without a session may hold together: their share of the current cap, at least 1."""
+        return max(1, math.floor(self._anonymous_share * self._limit))
+
+    def _has_room(self, session: str | None) -> bool:
+        """Whether a request of `session` (None: without one) is below its own cap."""
+        if session is None:
+            return self._anonymous < self._anonymous_cap()
+        return self._sessions.has_room(session)
 
     # -- rejections ------------------------------------------------------------------------------------------
 

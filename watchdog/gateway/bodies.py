@@ -1,11 +1,18 @@
 """What the gateway reads from OpenAI bodies as they pass: the JSON request, the tool-call signatures of the
-newest agent step, and vLLM's `usage` from a JSON or SSE response, without copying every chunk."""
+newest agent step, and vLLM's `usage` from a JSON or SSE response, without copying every chunk.
+
+A parsed JSON value costs far more than its text (`{}` is 3 bytes of body and about 70 bytes of dict and list
+slot), so a request body's elements are counted before it is parsed, at C speed and without building them,
+and a body with more than `max_json_elements` is refused; of a parsed body only the few fields read after
+admission are kept (`request_fields`), so the rest is freed before the request waits for a slot.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from json.decoder import scanstring  # type: ignore[attr-defined]  # the C scanner where there is one
 
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we parse for signals
 
@@ -20,8 +27,19 @@ _DECODER = json.JSONDecoder()
 _OFF, _JSON, _SCAN = 0, 1, 2  # RequestTrace modes: no signals, buffered JSON body, scanned stream
 
 
-def parse_json_body(body: bytes, content_type: str | None) -> dict[str, object] | None:
-    """The body as a JSON object; None for another content type, invalid JSON or another JSON value."""
+class TooManyElements(ValueError):
+    """A JSON body with more elements than the gateway parses (`max_json_elements`)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the JSON body has more than {limit} elements")
+        self.limit = limit
+
+
+def parse_json_body(
+    body: bytes, content_type: str | None, max_elements: int | None = None
+) -> dict[str, object] | None:
+    """The body as a JSON object; None for another content type, invalid JSON or another JSON value;
+    TooManyElements if it has more than `max_elements` (None: no limit)."""
     if content_type:
         media = content_type.partition(";")[0].strip().lower()
         if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
@@ -29,10 +47,53 @@ def parse_json_body(body: bytes, content_type: str | None) -> dict[str, object] 
     if not body:
         return None
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads decodes bytes
+        if max_elements is not None and not _at_most(text, max_elements):
+            raise TooManyElements(max_elements)
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, TooManyElements):
+            raise
         return None
     return value if isinstance(value, dict) else None
+
+
+def _at_most(text: str, limit: int) -> bool:
+    """Whether `text` has at most `limit` JSON elements: opened arrays and objects, commas and strings, which
+    bound the values and keys json.loads would build. Strings are skipped by the C scanner; the count stops
+    at the limit, so its Python loop runs at most `limit` times."""
+    count = pos = 0
+    find, tally, end = text.find, text.count, len(text)
+    while True:
+        quote = find('"', pos)
+        stop = end if quote < 0 else quote
+        count += tally(",", pos, stop) + tally("[", pos, stop) + tally("{", pos, stop) + (quote >= 0)
+        if count > limit:
+            return False
+        if quote < 0:
+            return True
+        try:
+            pos = scanstring(text, quote + 1, True)[1]
+        except ValueError:
+            return True  # an unterminated or invalid string: json.loads refuses the body without building it
+
+
+def request_fields(body: bytes, content_type: str | None, max_elements: int) -> dict[str, object] | None:
+    """What the gateway reads of a request body after admission (a string `user`, `stream`, and the newest
+    assistant message for tool-call signatures); None if the body is not a JSON object; TooManyElements."""
+    parsed = parse_json_body(body, content_type, max_elements)
+    if parsed is None:
+        return None
+    fields: dict[str, object] = {"stream": parsed.get("stream") is True}
+    user = parsed.get("user")
+    if isinstance(user, str):
+        fields["user"] = user
+    messages = parsed.get("messages")
+    if isinstance(messages, list):
+        assistant = (m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "assistant")
+        newest = next(assistant, None)
+        fields["messages"] = [] if newest is None else [newest]
+    return fields
 
 
 def tool_call_signatures(body: Mapping[str, object]) -> list[str]:

@@ -40,6 +40,7 @@ class SessionConfig:
     breaker_duration: float = 300.0  # how long throttle_session keeps a breaker open unless it says otherwise
     max_sessions: int = 10_000  # sessions remembered (least recently seen dropped first)
     top_k: int = 10  # sessions exported by name; the rest are summed into session="other"
+    anonymous_share: float = 0.5  # requests without a session hold at most this share of the in-flight cap
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class GatewayConfig:
     connect_timeout: float = 5.0  # upstream connect; beyond it 502
     read_timeout: float = 600.0  # upstream silence between bytes; beyond it 504
     client_timeout: float = 30.0  # a client must send its headers and whole body within this (slowloris)
+    write_timeout: float = 30.0  # a client that takes none of its response for this long is cut off
+    max_json_elements: int = 1_000_000  # elements of a parsed request body (each costs ~70 bytes); 413 beyond
     keepalive_timeout: float = 75.0  # idle client connections close after this
     max_connections: int = 4096  # open client connections (bounded by the fd limit); the oldest idle go first
     allow_admin_paths: tuple[str, ...] = ()  # vLLM admin endpoints forwarded rather than refused (403)
@@ -155,6 +158,8 @@ _KEYS = {
     "connect_timeout",
     "read_timeout",
     "client_timeout",
+    "write_timeout",
+    "max_json_elements",
     "keepalive_timeout",
     "max_connections",
     "allow_admin_paths",
@@ -171,6 +176,7 @@ _DURATIONS = (
     "connect_timeout",
     "read_timeout",
     "client_timeout",
+    "write_timeout",
     "keepalive_timeout",
     "control_lease",
 )
@@ -217,7 +223,7 @@ def parse_gateway(
         size = m["max_body"].parsed(parse_size)
         if size is not None:
             values["max_body"] = size
-    for key in ("max_in_flight", "max_queue", "max_connections"):
+    for key in ("max_in_flight", "max_queue", "max_connections", "max_json_elements"):
         if key in m:
             number = m[key].integer(minimum=0 if key == "max_queue" else 1)
             if number is not None:
@@ -312,6 +318,7 @@ def _priority(node: Node) -> PriorityConfig:
 def _sessions(node: Node) -> SessionConfig:
     d = SessionConfig()
     keys = {"header", "rate", "burst", "max_in_flight", "breaker_duration", "max_sessions", "top_k"}
+    keys.add("anonymous_share")
     m = node.mapping(keys)
     if m is None:
         return d
@@ -329,11 +336,16 @@ def _sessions(node: Node) -> SessionConfig:
         ints[key] = (m[key].integer(minimum=1) if key in m else None) or getattr(d, key)
     breaker = m["breaker_duration"].parsed(parse_duration) if "breaker_duration" in m else None
     header = _header(m["header"]) if "header" in m else None
+    share = m["anonymous_share"].number() if "anonymous_share" in m else None
+    if share is not None and not 0 < share <= 1:
+        m["anonymous_share"].error(f"must be greater than 0 and at most 1 (1: no limit), got {share:g}")
+        share = None
     return SessionConfig(
         header=header or d.header,
         rate=rate,
         max_in_flight=cap,
         breaker_duration=breaker or d.breaker_duration,
+        anonymous_share=d.anonymous_share if share is None else share,
         **ints,
     )
 

@@ -66,7 +66,7 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
         ),
         _by(
             "upstream_errors",
-            "Forwarding failures (connect, timeout, protocol, client_disconnect).",
+            "Forwarding failures (connect, timeout, protocol, client_disconnect, client_stalled).",
             t,
             "kind",
             dict.fromkeys(UPSTREAM_ERROR_KINDS, 0) | dict(p.upstream_errors_total),

@@ -14,7 +14,8 @@ from yarl import URL
 
 from .admission import Gate, Ticket
 from .backoff import UpstreamBackoff
-from .bodies import OPENAI_PATHS, RequestTrace, parse_json_body
+from .bodies import OPENAI_PATHS, RequestTrace, TooManyElements, request_fields
+from .clients import ClientStalled, ClientTransports, ClientWriter
 from .config import GatewayConfig
 from .headers import Incoming, response_headers
 from .histogram import Histogram
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 UPSTREAM_KEEPALIVE = 4.0
 
 
+class _TooLarge(Exception):
+    """The request body went over max_body while it was read."""
+
+
 class Proxy:
     """Forwards every request to the upstream; POST /v1/* passes the admission gate first."""
 
@@ -42,12 +47,14 @@ class Proxy:
         signals: SessionSignals,
         *,
         backoff: UpstreamBackoff | None = None,
+        transports: ClientTransports | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.gate = gate
         self.signals = signals
         self.backoff = backoff
+        self.transports = transports  # None: no connection to abort for a client that stops reading
         self._monotonic = monotonic
         self._base = config.upstream.rstrip("/")
         self._host = URL(self._base).raw_authority
@@ -83,7 +90,12 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI 3 entry point."""
         if scope["type"] == "http":
-            await self._http(scope, receive, send)
+            transport = None if self.transports is None else self.transports.of(scope)
+            try:
+                await self._http(scope, receive, ClientWriter(send, transport, self.config.write_timeout))
+            except ClientStalled:
+                self._stalled(scope)
+                await asyncio.sleep(0)  # uvicorn sees the connection lost, not an unfinished response
         elif scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -120,35 +132,20 @@ class Proxy:
         status = 499  # nginx's "client closed request", for the trace if nothing better is known
         try:
             interrupt.deadline(self.config.client_timeout)
-            chunks: list[bytes] = []
-            size = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self.config.max_body:
-                    return await self._too_large_response(send)
-                chunks.append(chunk)
-                more = message.get("more_body", False)
+            try:
+                body = await self._read_body(receive)
+            except _TooLarge:
+                return await self._too_large_response(send)
+            if body is None:
+                return
             interrupt.clear_deadline()
             interrupt.watch(receive)
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
             if route is Route.ADMIT:
-                parsed = parse_json_body(body, request.content_type) if path in OPENAI_PATHS else None
-                api_key = api_key_of(request.authorization)
-                session = session_key(request.session, parsed, api_key)
-                outcome = await self.gate.admit(
-                    session, priority_of(request.priority, api_key, self.config.priority)
-                )
-                if isinstance(outcome, Rejection):
-                    return await self._rejection(send, outcome)
-                ticket = outcome
-                streaming = parsed is not None and parsed.get("stream") is True
-                trace = self.signals.start(session, path, parsed, streaming)
+                admitted = await self._admit(request, path, body, send)
+                if admitted is None:
+                    return
+                ticket, trace = admitted
             status = await self._forward(scope, path_bytes, method, headers, body, send, ticket, trace)
         except asyncio.CancelledError:
             if not interrupt.absorb():
@@ -171,6 +168,59 @@ class Proxy:
                 ticket.release()
             if trace is not None:
                 trace.finish(status)
+
+    async def _admit(
+        self, request: Incoming, path: str, body: bytes, send: Send
+    ) -> tuple[Ticket, RequestTrace] | None:
+        """Read what admission needs from the body and wait for a slot; None if the request was refused (and
+        answered)."""
+        fields: dict[str, object] | None = None
+        if path in OPENAI_PATHS:
+            try:  # only the few fields read below are kept: the parsed body is freed before the wait
+                fields = request_fields(body, request.content_type, self.config.max_json_elements)
+            except TooManyElements as exc:
+                why = f"The request body has more JSON elements than the gateway's limit of {exc.limit}."
+                await self._refuse(send, 413, "body_too_complex", why)
+                return None
+        api_key = api_key_of(request.authorization)
+        session = session_key(request.session, fields, api_key)
+        outcome = await self.gate.admit(session, priority_of(request.priority, api_key, self.config.priority))
+        if isinstance(outcome, Rejection):
+            await self._rejection(send, outcome)
+            return None
+        streaming = fields is not None and fields["stream"] is True
+        return outcome, self.signals.start(session, path, fields, streaming)
+
+    def _stalled(self, scope: Scope) -> None:
+        """Count and log a client cut off for taking none of its response (never its body)."""
+        self._errors["client_stalled"] = self._errors.get("client_stalled", 0) + 1
+        client = scope.get("client") or ("?", 0)
+        log.warning(
+            "client %s:%s took none of its response to %s %s for %gs: connection aborted, upstream request "
+            "closed, slot freed",
+            client[0],
+            client[1],
+            scope["method"],
+            scope["path"][:200],
+            self.config.write_timeout,
+        )
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole request body (its chunks are freed on return); None if the client left first."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.config.max_body:
+                raise _TooLarge
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _forward(
         self,

@@ -10,6 +10,7 @@ REASONS = (
     "queue_timeout",
     "session_rate",
     "session_concurrency",
+    "anonymous_concurrency",
     "session_breaker",
     "draining",
     "drain_timeout",
@@ -64,6 +65,15 @@ class Rejections:
             f"{_seconds(max_queue_time)}; wait for one to finish."
         )
         return self._reject(429, "session_concurrency", msg, retry)
+
+    def anonymous_concurrency(self, cap: int, max_queue_time: float, retry: float) -> Rejection:
+        """A waiter without a session while requests without one kept their share (`cap`) of the slots."""
+        msg = (
+            f"Requests without a session already hold {cap} of the gateway's slots "
+            f"(sessions.anonymous_share) and none finished within {_seconds(max_queue_time)}; send a session "
+            "header or an API key, or retry shortly."
+        )
+        return self._reject(429, "anonymous_concurrency", msg, retry)
 
     def queue_timeout(self, max_queue_time: float, retry: float) -> Rejection:
         """A waiter that found no free slot within max_queue_time."""

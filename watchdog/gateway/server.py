@@ -22,6 +22,7 @@ from ..fdlimits import AcceptErrors
 from ..listener import Listener, ListenerLimits
 from .admission import Gate
 from .backoff import UpstreamBackoff
+from .clients import ClientTransports
 from .config import GatewayConfig
 from .proxy import Proxy
 from .signals import SessionSignals
@@ -131,7 +132,10 @@ class GatewayServer:
         )
         self.throttle = Throttle(self.gate, monotonic=monotonic)
         self.backoff = UpstreamBackoff(config.upstream_backoff, self.throttle, monotonic=monotonic)
-        self.proxy = Proxy(config, self.gate, self.signals, backoff=self.backoff, monotonic=monotonic)
+        transports = ClientTransports()  # the proxy aborts the connection of a client that stops reading
+        self.proxy = Proxy(
+            config, self.gate, self.signals, backoff=self.backoff, transports=transports, monotonic=monotonic
+        )
         # Connections are capped here, apart from requests: admission (the Gate) is the only request budget.
         self.listener = Listener(
             ListenerLimits(
@@ -147,7 +151,7 @@ class GatewayServer:
             ready.set,
             uvicorn.Config(
                 self.proxy,
-                http=self.listener.protocol(),
+                http=self.listener.protocol(transports.protocol()),
                 interface="asgi3",
                 lifespan="off",
                 # The gateway forwards HTTP only. With a WebSocket library installed (uvicorn[standard], as

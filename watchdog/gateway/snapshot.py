@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 # Every kind of upstream_errors_total (gateway/replies.py and the proxy's client_disconnect); each is exported
 # from 0, so that a panel or rule sees the first error as an increase.
-UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "client_disconnect")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "client_disconnect", "client_stalled")
 # The proxy's own refusals (refused_total), besides its listener's (listener.REFUSALS); each exported from 0.
-PROXY_REFUSALS = ("bad_path", "admin_path", "upgrade_not_supported", "body_too_large")
+PROXY_REFUSALS = ("bad_path", "admin_path", "upgrade_not_supported", "body_too_large", "body_too_complex")
 
 # Upper bounds (seconds) of the gateway's latency histograms; +Inf is implied.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -80,7 +80,7 @@ class ProxySnapshot:
     """Forwarding outcomes."""
 
     responses_total: Mapping[str, int]  # status code ("200", "429", ...) -> responses sent to clients
-    upstream_errors_total: Mapping[str, int]  # "connect" | "timeout" | "protocol" | "client_disconnect"
+    upstream_errors_total: Mapping[str, int]  # UPSTREAM_ERROR_KINDS
     ttfb: HistogramSnapshot  # admission to the first upstream response byte
     body_too_large_total: int = 0
     client_timeouts_total: int = 0

@@ -96,14 +96,15 @@ class WaitQueue:
                 return queue[-1]
         return None
 
-    def pick(self, has_room: Callable[[str], bool]) -> Waiter | None:
-        """The first eligible waiter of the highest class (sessions without room are skipped)."""
+    def pick(self, has_room: Callable[[str | None], bool]) -> Waiter | None:
+        """The first eligible waiter of the highest class (sessions without room are skipped; `has_room(None)`
+        says whether requests without a session have room)."""
         for queue in self._queues:
             while queue and queue[0].future.done():  # cancelled, its task has not run yet
                 self.remove(queue[0])
             for waiter in queue:
                 if waiter.future.done():
                     continue
-                if waiter.session is None or has_room(waiter.session):
+                if has_room(waiter.session):
                     return waiter
         return None
