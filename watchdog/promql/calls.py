@@ -14,7 +14,7 @@ from .compile import Call, Node, Paren, RangeSel, Sel, Subquery
 from .values import QueryError
 
 if TYPE_CHECKING:
-    from .engine import Evaluator, Mat, Result
+    from .evaluator import Evaluator, Mat, Result
 
 _NO_NAME_DROP = frozenset(("last_over_time",))
 _NO_LABELS: Labels = ()
@@ -119,12 +119,17 @@ def _label_call(ev: Evaluator, node: Call, t: int) -> Vec:
         for labels, v in vec:
             new = cache.get(labels)
             if new is None:
+                ev.budget.charge(0)  # a regex match and an expansion: the deadline is checked now and then
                 new = cache[labels] = labelfuncs.label_replace(labels, dst, repl, src, regex)
             out.append((new, v))
         return out
     dst, sep, *srcs = strings
     labelfuncs.check_label_join(dst, srcs)
-    return [(labelfuncs.label_join(labels, dst, sep, srcs), v) for labels, v in vec]
+    joined = []
+    for labels, v in vec:
+        ev.budget.charge(0)
+        joined.append((labelfuncs.label_join(labels, dst, sep, srcs), v))
+    return joined
 
 
 def _vector_call(ev: Evaluator, node: Call, t: int) -> Result:

@@ -9,95 +9,14 @@ from typing import Any, Union
 
 import promql_parser
 
+from .functions import FUNCTIONS
 from .labelfuncs import check_label_replace
+from .limits import check_shape
+from .plancache import WeightedCache
 from .positions import PARSER_AGGREGATORS, error_position, find_token, tokenize
 from .selectors import Selector, from_ast
 from .values import PromQLError, QueryError
 
-RANGE_FUNCTIONS = frozenset(
-    (
-        "rate",
-        "irate",
-        "increase",
-        "delta",
-        "idelta",
-        "deriv",
-        "predict_linear",
-        "resets",
-        "changes",
-        "avg_over_time",
-        "min_over_time",
-        "max_over_time",
-        "sum_over_time",
-        "count_over_time",
-        "last_over_time",
-        "quantile_over_time",
-        "stddev_over_time",
-        "stdvar_over_time",
-        "present_over_time",
-        "holt_winters",
-        "absent_over_time",
-    )
-)
-MATH_FUNCTIONS = frozenset(
-    (
-        "abs",
-        "ceil",
-        "floor",
-        "sqrt",
-        "exp",
-        "ln",
-        "log2",
-        "log10",
-        "sgn",
-        "sin",
-        "cos",
-        "tan",
-        "asin",
-        "acos",
-        "atan",
-        "sinh",
-        "cosh",
-        "tanh",
-        "asinh",
-        "acosh",
-        "atanh",
-        "deg",
-        "rad",
-    )
-)
-DATE_FUNCTIONS = frozenset(
-    (
-        "day_of_month",
-        "day_of_week",
-        "day_of_year",
-        "days_in_month",
-        "hour",
-        "minute",
-        "month",
-        "year",
-    )
-)
-OTHER_FUNCTIONS = frozenset(
-    (
-        "absent",
-        "histogram_quantile",
-        "clamp",
-        "clamp_min",
-        "clamp_max",
-        "round",
-        "pi",
-        "time",
-        "timestamp",
-        "vector",
-        "scalar",
-        "label_replace",
-        "label_join",
-        "sort",
-        "sort_desc",
-    )
-)
-FUNCTIONS = RANGE_FUNCTIONS | MATH_FUNCTIONS | DATE_FUNCTIONS | OTHER_FUNCTIONS
 # Every aggregator the parser knows except those newer than Prometheus 2.42.
 AGGREGATIONS = PARSER_AGGREGATORS - {"limitk", "limit_ratio"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -368,6 +287,7 @@ def _register_removed_functions() -> None:
 
 
 def _parse(text: str) -> promql_parser.Expr:
+    """Parse a text that check_shape() let through."""
     _register_removed_functions()
     try:
         return promql_parser.parse(text)
@@ -376,22 +296,30 @@ def _parse(text: str) -> promql_parser.Expr:
         raise PromQLError(message, error_position(text, message)) from None
 
 
-@lru_cache(maxsize=4096)
+# Plans kept: a plan takes about 300 bytes per term, so at most about 20 MB, whatever the queries are.
+_PLANS: WeightedCache[str, Node] = WeightedCache(max_entries=4096, max_weight=65_536)
+
+
 def compile_plan(text: str) -> Node:
-    """Parse, validate and lower an expression; raises PromQLError with a 0-based position."""
+    """Parse, validate and lower an expression; raises PromQLError with a 0-based position; cached."""
+    plan = _PLANS.get(text)
+    if plan is not None:
+        return plan
+    terms = check_shape(text).terms  # before the parser, which a deep or large expression crashes or stalls
     ast = _parse(text)
     try:
-        return _lower(ast)
+        plan = _lower(ast)
     except _Unsupported as exc:
         tokens = tokenize(text)
         pos = find_token(tokens, exc.token, kind=exc.kind, call=exc.call) if exc.token else None
         if pos is None and exc.token == "fill":
             pos = next((t.start for t in tokens if t.text.startswith("fill")), None)
         raise PromQLError(exc.message, pos if pos is not None else 0) from None
+    _PLANS.put(text, plan, terms)
+    return plan
 
 
-@lru_cache(maxsize=4096)
 def compile_expr(text: str) -> promql_parser.Expr:
-    """Parse and validate an expression at load time; raises PromQLError(message, position); cached."""
+    """Parse and validate an expression at load time; raises PromQLError(message, position)."""
     compile_plan(text)
     return _parse(text)

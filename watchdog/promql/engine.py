@@ -1,52 +1,22 @@
-"""The in-process PromQL evaluator: instant and range queries over the SampleStore, as Prometheus 2.42."""
+"""The in-process PromQL engine: instant and range queries over the SampleStore, as Prometheus 2.42."""
 
 from __future__ import annotations
 
 import contextlib
-from bisect import bisect_left, bisect_right
+import weakref
 from collections.abc import Callable, Iterator
-from functools import lru_cache
-from typing import Union
 
-from ..store import Labels, SampleStore, Series, is_stale
-from . import binops
-from .aggregations import aggregate
-from .binops import Vec, check_unique, drop_name
-from .calls import eval_call
-from .columns import Selections, Window, range_function, window
-from .compile import (
-    DATE_FUNCTIONS,
-    Agg,
-    At,
-    Binary,
-    Call,
-    Neg,
-    Node,
-    Num,
-    Paren,
-    RangeSel,
-    Sel,
-    Str,
-    Subquery,
-    children,
-    compile_plan,
-)
-from .rangefuncs import COLUMN_FUNCTIONS
+from ..store import Labels, SampleStore
+from .binops import Vec
+from .budget import MAX_SAMPLES
+from .columns import Selections
+from .compile import Call, Node, Sel, Subquery, children, compile_plan
+from .evaluator import Evaluator, Result, Shared
+from .functions import DATE_FUNCTIONS
 from .selectors import Selector
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
 
-Mat = list[Window]
-Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
-
-
-def _no_tick() -> None:
-    pass
-
-
-@lru_cache(maxsize=1024)
-def _plan(text: str) -> Node:
-    # Plans are immutable, and the selectors in them key the Selections kept across queries.
-    return compile_plan(text)
+__all__ = ["Engine", "Evaluator", "vector_query"]
 
 
 # Calls that read the evaluation time itself: over empty selections their result still changes with it.
@@ -54,13 +24,23 @@ _TIME_CALLS = DATE_FUNCTIONS | {"time", "timestamp"}
 _MAX_OVER_NOTHING = 1024
 
 
-@lru_cache(maxsize=1024)
-def _time_free_selectors(text: str) -> tuple[Selector, ...] | None:
+# Kept while the plan is (compile_plan's cache decides how long): plans are immutable.
+_SELECTORS: weakref.WeakKeyDictionary[Node, tuple[Selector, ...] | None] = weakref.WeakKeyDictionary()
+
+
+def _time_free_selectors(plan: Node) -> tuple[Selector, ...] | None:
     """The selectors of an expression whose result is the same at every time while none of them selects a
     series; None if the expression reads the time (time(), timestamp(), the date functions) or holds a
     subquery (its steps fall at times of their own, so how many fall in its range changes)."""
+    if plan in _SELECTORS:
+        return _SELECTORS[plan]
+    found = _SELECTORS[plan] = _walk_selectors(plan)
+    return found
+
+
+def _walk_selectors(plan: Node) -> tuple[Selector, ...] | None:
     selectors: list[Selector] = []
-    stack = [_plan(text)]
+    stack = [plan]
     while stack:
         node = stack.pop()
         if isinstance(node, Subquery) or (isinstance(node, Call) and node.name in _TIME_CALLS):
@@ -71,230 +51,19 @@ def _time_free_selectors(text: str) -> tuple[Selector, ...] | None:
     return tuple(selectors)
 
 
-class Evaluator:
-    """Evaluates plan nodes for one query (start/end are the query's, for `@ start()` / `@ end()`)."""
-
-    def __init__(
-        self,
-        selections: Selections,
-        lookback_ms: int,
-        default_step_ms: int,
-        start_ms: int,
-        end_ms: int,
-        tick: Callable[[], None] | None = None,
-        shared: Shared | None = None,
-    ) -> None:
-        self.selections = selections
-        self.shared = shared
-        self.tick = tick or _no_tick  # called at each step of a range query or subquery; raises to abandon it
-        self.lookback_ms = lookback_ms
-        self.default_step_ms = default_step_ms
-        self.start_ms = start_ms
-        self.end_ms = end_ms
-        self._subquery_points: dict[tuple[int, int], Vec] = {}
-
-    # -- selectors -------------------------------------------------------------------------------------
-    def series(self, sel: Sel) -> list[Series]:
-        """The stored series a selector picks, in label order."""
-        return self.selections.select(sel.selector).series
-
-    def ref_time(self, at: At | None, offset_ms: int, t: int) -> int:
-        """The time a selector or subquery reads at: its `@` (or t), minus its offset."""
-        if at is None:
-            return t - offset_ms
-        if at.which == "start":
-            return self.start_ms - offset_ms
-        if at.which == "end":
-            return self.end_ms - offset_ms
-        return at.t_ms - offset_ms
-
-    def instant(self, sel: Sel, t: int, *, with_time: bool = False) -> list[tuple[Labels, float, int]]:
-        """The newest non-stale sample of each series within the lookback (closed window)."""
-        ref = self.ref_time(sel.at, sel.offset_ms, t)
-        floor = ref - self.lookback_ms
-        out = []
-        for s in self.series(sel):
-            ts = s.ts
-            i = len(ts) - 1
-            if i < 0:
-                continue
-            if ts[i] > ref:  # usually the newest sample is the one: no search
-                i = bisect_right(ts, ref) - 1
-            if i < 0 or ts[i] < floor:
-                continue
-            v = s.vals[i]
-            if v != v and is_stale(v):  # noqa: PLR0124 (fast NaN test)
-                continue
-            out.append((s.labels, v, ts[i]))
-        return out
-
-    def window(self, node: RangeSel, t: int) -> Mat:
-        """Each series' non-stale samples with ref-range <= t <= ref (closed, as in 2.42)."""
-        ref = self.ref_time(node.sel.at, node.sel.offset_ms, t)
-        lo_t = ref - node.range_ms
-        out = []
-        for s in self.series(node.sel):
-            ts = s.ts
-            lo = bisect_left(ts, lo_t)
-            hi = bisect_right(ts, ref)
-            if lo < hi:
-                w = window(s, lo, hi, lo_t, ref)
-                if w is not None:
-                    out.append(w)
-        return out
-
-    def column_function(
-        self, name: str, node: RangeSel, t: int, summed: tuple[tuple[str, ...], bool] | None = None
-    ) -> Vec:
-        """A range function of COLUMN_FUNCTIONS over a range selector, reading windows in place; with
-        `summed` (grouping, without), summed as `sum by/without` does."""
-        sel = node.sel
-        ref = self.ref_time(sel.at, sel.offset_ms, t)
-        selection = self.selections.select(sel.selector)
-        key = (node.range_ms, sel.offset_ms)
-        return range_function(name, selection, key, ref - node.range_ms, ref, t, summed)
-
-    def summed(self, name: str, node: RangeSel, t: int, by: tuple[tuple[str, ...], bool]) -> Vec:
-        """`sum by/without (name(node))`: the column function, summed; worked out once per time while the
-        engine shares results and nothing writes to series of the selector's name (see Engine.shared)."""
-        shared, sel = self.shared, node.sel
-        if shared is None or sel.selector.name in shared.written:
-            return self.column_function(name, node, t, by)
-        at = None if sel.at is None else (sel.at.which, sel.at.t_ms)
-        key = (name, sel.selector, node.range_ms, sel.offset_ms, at, t, self.start_ms, self.end_ms, by)
-        found = shared.results.get(key)
-        if found is None:
-            found = shared.results[key] = self.column_function(name, node, t, by)
-        return list(found)  # the callers' own list: none changes one, but none needs to know
-
-    def subquery(self, node: Subquery, t: int) -> Mat:
-        """Evaluate `expr[range:step]`: the inner expression at step-aligned times in [ref-range, ref]."""
-        ref = self.ref_time(node.at, node.offset_ms, t)
-        step = node.step_ms or self.default_step_ms
-        lo_t = ref - node.range_ms
-        first = step * (lo_t // step)
-        if first < lo_t:
-            first += step
-        points: dict[Labels, tuple[list[int], list[float]]] = {}
-        for ts in range(first, ref + 1, step):
-            self.tick()
-            key = (id(node), ts)
-            vec = self._subquery_points.get(key)
-            if vec is None:
-                vec = self.vector(node.expr, ts)
-                self._subquery_points[key] = vec
-            for labels, v in vec:
-                series = points.get(labels)
-                if series is None:
-                    series = points[labels] = ([], [])
-                if v != v and is_stale(v):  # noqa: PLR0124 (fast NaN test)
-                    continue
-                series[0].append(ts)
-                series[1].append(v)
-        return [Window(labels, ts_, vs, lo_t, ref) for labels, (ts_, vs) in points.items() if ts_]
-
-    # -- dispatch --------------------------------------------------------------------------------------
-    def eval(self, node: Node, t: int) -> Result:
-        """Evaluate a node at time t (ms)."""
-        if isinstance(node, Num):
-            return node.value
-        if isinstance(node, Str):
-            return node.value
-        if isinstance(node, Sel):
-            return [(labels, v) for labels, v, _ in self.instant(node, t)]
-        if isinstance(node, Paren):
-            return self.eval(node.expr, t)
-        if isinstance(node, RangeSel):
-            return self.window(node, t)
-        if isinstance(node, Subquery):
-            return self.subquery(node, t)
-        if isinstance(node, Neg):
-            inner = self.eval(node.expr, t)
-            if isinstance(inner, float):
-                return -inner
-            return check_unique([(drop_name(labels), -v) for labels, v in self.as_vector(inner)])
-        if isinstance(node, Binary):
-            return self.binary(node, t)
-        if isinstance(node, Agg):
-            return self.aggregation(node, t)
-        return eval_call(self, node, t)
-
-    def vector(self, node: Node, t: int) -> Vec:
-        """Evaluate a node known to give an instant vector."""
-        return self.as_vector(self.eval(node, t))
-
-    @staticmethod
-    def as_vector(result: Result) -> Vec:
-        """Narrow an evaluation result to an instant vector."""
-        if isinstance(result, list) and (not result or isinstance(result[0], tuple)):
-            return result  # type: ignore[return-value]
-        raise QueryError(f"expected an instant vector, got {type(result).__name__}")
-
-    def scalar(self, node: Node, t: int) -> float:
-        """Evaluate a node known to give a scalar."""
-        result = self.eval(node, t)
-        if not isinstance(result, float):
-            raise QueryError("expected a scalar")
-        return result
-
-    def string(self, node: Node) -> str:
-        """The value of a string argument (string literals only, possibly parenthesised)."""
-        while isinstance(node, Paren):
-            node = node.expr
-        if not isinstance(node, Str):
-            raise QueryError("expected a string literal")
-        return node.value
-
-    def binary(self, node: Binary, t: int) -> Result:
-        """Evaluate a binary operation."""
-        if node.lhs.kind == "scalar" and node.rhs.kind == "scalar":
-            return binops.scalar_scalar(node.op, self.scalar(node.lhs, t), self.scalar(node.rhs, t))
-        if node.lhs.kind == "scalar":
-            lhs_s = self.scalar(node.lhs, t)
-            rhs_v = self.vector(node.rhs, t)
-            return check_unique(binops.vector_scalar(node.op, rhs_v, lhs_s, True, node.return_bool))
-        lhs = self.vector(node.lhs, t)
-        if node.rhs.kind == "scalar":
-            rhs_s = self.scalar(node.rhs, t)
-            return check_unique(binops.vector_scalar(node.op, lhs, rhs_s, False, node.return_bool))
-        rhs = self.vector(node.rhs, t)
-        if node.op in ("and", "or", "unless"):
-            return check_unique(binops.set_operation(node, lhs, rhs))
-        return check_unique(binops.vector_vector(node, lhs, rhs))
-
-    def aggregation(self, node: Agg, t: int) -> Vec:
-        """Evaluate an aggregation (the parameter first, as Prometheus does)."""
-        param: float | str | None = None
-        if node.param is not None:
-            param = self.string(node.param) if node.param.kind == "string" else self.scalar(node.param, t)
-        if node.op == "sum":
-            inner = node.expr
-            if isinstance(inner, Call) and inner.name in COLUMN_FUNCTIONS:
-                arg = inner.args[0]
-                while isinstance(arg, Paren):
-                    arg = arg.expr
-                # With a metric name the series stay apart once it is dropped (no check for duplicates).
-                if isinstance(arg, RangeSel) and arg.sel.selector.name is not None:
-                    return self.summed(inner.name, arg, t, (node.grouping, node.without))
-        vec = self.vector(node.expr, t)
-        return aggregate(node.op, vec, node.grouping, node.without, param)
-
-
-class Shared:
-    """Results worked out once while the store changes only in series named `written`."""
-
-    __slots__ = ("results", "written")
-
-    def __init__(self, written: frozenset[str]) -> None:
-        self.written = written
-        self.results: dict[tuple[object, ...], Vec] = {}
-
-
 class Engine:
     """Evaluates PromQL against a SampleStore with Prometheus 2.42 semantics."""
 
-    def __init__(self, store: SampleStore, lookback: float = 300.0, *, default_step: float = 60.0) -> None:
+    def __init__(
+        self,
+        store: SampleStore,
+        lookback: float = 300.0,
+        *,
+        default_step: float = 60.0,
+        max_samples: int = MAX_SAMPLES,
+    ) -> None:
         self.store = store
+        self.max_samples = max_samples  # what one query may materialise, all its nodes together
         self.lookback_ms = to_ms(lookback)
         self.default_step_ms = max(1, to_ms(default_step))
         self.selections = Selections(store)
@@ -314,19 +83,27 @@ class Engine:
 
     def _evaluator(self, start_ms: int, end_ms: int, tick: Callable[[], None] | None) -> Evaluator:
         return Evaluator(
-            self.selections, self.lookback_ms, self.default_step_ms, start_ms, end_ms, tick, self._shared
+            self.selections,
+            self.lookback_ms,
+            self.default_step_ms,
+            start_ms,
+            end_ms,
+            tick,
+            self._shared,
+            self.max_samples,
         )
 
     def query(self, expr: str, at: float, *, tick: Callable[[], None] | None = None) -> Value:
-        """Evaluate an instant query at unix seconds `at`; `tick` may raise to abandon a long subquery.
+        """Evaluate an instant query at unix seconds `at`; `tick`, called at least every 1,024 samples or nodes
+        and at each step of a subquery, may raise to abandon it. Past max_samples it raises QueryError.
 
         While none of its selectors selects a series, an expression that does not read the time gives the
         same result at every time: the one of the first evaluation over nothing is kept and given again (a
         GPU rule without GPU metrics, a gateway rule without a gateway), never across a series appearing.
         """
-        plan = _plan(expr)
+        plan = compile_plan(expr)
         t = to_ms(at)
-        selectors = _time_free_selectors(expr)
+        selectors = _time_free_selectors(plan)
         if selectors is None or any(self.selections.select(s).series for s in selectors):
             return _value(plan, self._evaluator(t, t, tick).eval(plan, t), t)
         result = self._over_nothing.get(expr)
@@ -341,7 +118,7 @@ class Engine:
     ) -> Matrix:
         """Evaluate a range query: one instant evaluation per step from start to end inclusive; `tick` is
         called before each step and may raise to abandon the query."""
-        plan = _plan(expr)
+        plan = compile_plan(expr)
         if plan.kind not in ("vector", "scalar"):
             raise QueryError(
                 f"invalid expression type {plan.kind!r} for range query, must be Scalar or instant Vector"

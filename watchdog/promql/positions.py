@@ -19,6 +19,8 @@ _TOKEN = re.compile(
 )
 _CLOSERS = {"(": ")", "{": "}", "[": "]"}
 # Completions tried after a prefix to decide whether the prefix could still become a valid expression.
+# Up to this many tokens each prefix is tried in turn; a longer expression is bisected (each try parses it).
+_LINEAR_SCAN = 64
 _MIDDLES = ("", " x", " 1", '"a"', '="a"', "1m", " 1m", " (x)", " (a) (x)", " x)", ' "a"', "]")
 
 
@@ -140,7 +142,24 @@ def error_position(text: str, message: str) -> int:
         return named
     if not is_syntax_error(message):
         return tokens[0].start if tokens else 0
+    if len(tokens) > _LINEAR_SCAN:
+        return _bisect_position(text, tokens)
     for k in range(len(tokens)):
         if not _viable(text, tokens[: k + 1]):
             return tokens[k].start
     return len(text.rstrip())
+
+
+def _bisect_position(text: str, tokens: list[Token]) -> int:
+    """The start of the first token after which no completion parses, found in a logarithmic number of tries
+    (a prefix that cannot be completed stays so when it grows); the linear scan would parse each prefix."""
+    if _viable(text, tokens):
+        return len(text.rstrip())
+    lo, hi = 0, len(tokens) - 1  # the prefix of hi + 1 tokens is not viable; of lo tokens, assumed viable
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _viable(text, tokens[: mid + 1]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return tokens[hi].start
