@@ -88,20 +88,23 @@ def _heap_pop(h: list[tuple[Labels, float]], less: _Less) -> None:
     h.pop()
 
 
-def _sort_reverse(h: list[tuple[Labels, float]], less: _Less) -> None:
-    """sort.Sort(sort.Reverse(h)) as Go does it for short inputs (insertion sort)."""
-    for i in range(1, len(h)):
-        j = i
-        while j > 0 and less(h[j - 1][1], h[j][1]):
-            h[j], h[j - 1] = h[j - 1], h[j]
-            j -= 1
+def _sorted(h: list[tuple[Labels, float]], descending: bool) -> list[tuple[Labels, float]]:
+    """What sort.Sort(sort.Reverse(h)) gives for Prometheus' value heaps, as Go's insertion sort orders a
+    short input: by value, equal values in their order, and the NaNs last in reverse order; in O(n log n)."""
+    numbers = [sample for sample in h if sample[1] == sample[1]]  # NaN is not equal to itself
+    nans = [sample for sample in h if sample[1] != sample[1]]
+    numbers.sort(key=_value, reverse=descending)  # stable: reverse=True keeps equal values in order
+    nans.reverse()
+    return numbers + nans
+
+
+def _value(sample: tuple[Labels, float]) -> float:
+    return sample[1]
 
 
 def sort_vector(vec: Vec, descending: bool) -> Vec:
     """Prometheus' sort() / sort_desc(): NaN last in both."""
-    out = list(vec)
-    _sort_reverse(out, _less_topk if descending else _less_bottomk)
-    return out
+    return _sorted(list(vec), descending)
 
 
 def _k_of(param: float) -> int:
@@ -129,8 +132,7 @@ def _top(op: str, vec: Vec, k: int, grouping: tuple[str, ...], without: bool) ->
             _heap_push(h, sample, less)
     out: Vec = []
     for h in heaps.values():
-        _sort_reverse(h, less)
-        out.extend(h)
+        out.extend(_sorted(h, op == "topk"))
     return out
 
 
