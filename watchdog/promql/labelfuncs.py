@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
+from typing import NoReturn
 
 from ..goregex import GoRegex, RegexError, compile_anchored
 from ..store import Labels
 from .values import QueryError
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+# The longest label value label_replace() or label_join() may write: four times what a scrape keeps by
+# default, so that joins of scraped values fit; unbounded, nested replacements grew a label to 240 MB.
+MAX_LABEL_VALUE = 4096
+# A replacement whose expansion could pass this many characters is refused without being expanded.
+_MAX_EXPANSION = 1 << 20
 
 
 def is_valid_label_name(name: str) -> bool:
@@ -43,7 +49,18 @@ def label_replace(labels: Labels, dst: str, replacement: str, src: str, regex: s
     match = compiled.find_string_submatch(value)
     if match is None:
         return labels
-    return _set_label(labels, dst, compiled.expand_string(replacement, match))
+    # Each $-reference expands to part of the value: this bounds the expansion before it is made.
+    if len(replacement) + replacement.count("$") * len(value) > _MAX_EXPANSION:
+        _too_long("label_replace", dst)
+    expanded = compiled.expand_string(replacement, match)
+    if len(expanded) > MAX_LABEL_VALUE:
+        _too_long("label_replace", dst)
+    return _set_label(labels, dst, expanded)
+
+
+def _too_long(function: str, dst: str) -> NoReturn:
+    message = f"{function}(): the value of label {dst!r} would be longer than {MAX_LABEL_VALUE} characters"
+    raise QueryError(message)
 
 
 def check_label_join(dst: str, srcs: list[str] | tuple[str, ...]) -> None:
@@ -59,4 +76,7 @@ def label_join(labels: Labels, dst: str, sep: str, srcs: list[str] | tuple[str, 
     """Set dst to the source labels' values joined by sep (an empty result removes dst)."""
     check_label_join(dst, srcs)
     values = dict(labels)
-    return _set_label(labels, dst, sep.join(values.get(src, "") for src in srcs))
+    parts = [values.get(src, "") for src in srcs]
+    if sum(map(len, parts)) + len(sep) * (len(parts) - 1) > MAX_LABEL_VALUE:
+        _too_long("label_join", dst)
+    return _set_label(labels, dst, sep.join(parts))
