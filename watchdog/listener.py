@@ -28,7 +28,7 @@ import http
 import math
 import resource
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,23 +155,23 @@ class Listener:
 
     def admit(self, conn: BoundedProtocol) -> bool:
         """Make room for a new connection, in the cap or else in the reserve; False if there is none."""
-        if len(self.connections) - len(self.reserved) >= self.cap and not self._make_room(
-            c for c in self.connections if c not in self.reserved
-        ):
-            if len(self.reserved) >= self.limits.reserve and not self._make_room(self.reserved):
+        if len(self.connections) - len(self.reserved) >= self.cap and not self._make_room(reserve=False):
+            if len(self.reserved) >= self.limits.reserve and not self._make_room(reserve=True):
                 return False
             self.reserved[conn] = None
         self.connections[conn] = None
         return True
 
-    def _make_room(self, pool: Iterable[BoundedProtocol]) -> bool:
-        """Close the oldest idle connection of `pool`, else the one whose request began first among those
-        still sending it (a body too with evict_uploads); False if every one is busy with a request."""
-        candidates = list(pool)
-        victim = next((c for c in candidates if c.idle), None)
+    def _make_room(self, reserve: bool) -> bool:
+        """Close the cap's (or the reserve's) oldest idle connection, else the one whose request began first
+        among those still sending it (a body too with evict_uploads); False if every one is busy."""
+        pool: Collection[BoundedProtocol] = self.reserved if reserve else self.connections
+        if self.reserved and not reserve:
+            pool = [c for c in self.connections if c not in self.reserved]
+        victim = next((c for c in pool if c.idle), None)
         if victim is None:
             uploads = self.limits.evict_uploads
-            sending = [c for c in candidates if c.waiting or (uploads and c.uploading)]
+            sending = (c for c in pool if c.waiting or (uploads and c.uploading))
             victim = min(sending, key=lambda c: c.began, default=None)
         if victim is None:
             return False
