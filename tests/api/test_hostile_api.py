@@ -201,7 +201,7 @@ def _hammer(base: str, until: float) -> list[int]:
         ("/api/v1/samples", {"match": '{__name__=~".+"}'}),
         ("/api/v1/query", {"query": 'sort_desc(sort(sort_desc({__name__=~".+"})))'}),
     ]
-    statuses = []
+    statuses: list[int] = []
     with httpx.Client(timeout=READ_LIMIT) as client:
         for path, params in itertools.cycle(asks):
             if time.monotonic() > until:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from vllm_watchdog.api.fairqueue import Busy
 from vllm_watchdog.api.prometheus import QueryOptions, query_routes
 from vllm_watchdog.api.querychild import Answer, Child, ChildLimits, spawn
 from vllm_watchdog.api.queryrunner import QueryRunner, RunnerLimits
@@ -185,3 +186,22 @@ async def test_one_client_with_forty_slow_queries_cannot_keep_another_clients_up
     for t in flood:
         t.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
+
+
+@pytest.mark.anyio
+async def test_answers_a_client_leaves_unread_are_capped_and_released_once_sent() -> None:
+    runner = QueryRunner(limits=RunnerLimits(held=3000, held_per_client=1500))
+    scope = {"client": ("10.0.0.1", 40000), "server": ("10.0.0.9", 9090)}
+    other = {"client": ("10.0.0.2", 40000), "server": ("10.0.0.9", 9090)}
+    work = lambda: Answer(200, b"x" * 1000)  # noqa: E731
+    first = await runner.run(scope, work, 1.0)
+    second = await runner.run(scope, work, 1.0)  # 1,000 held: still under this client's 1,500
+    with pytest.raises(Busy, match="answers not yet read by their clients hold 2000 bytes"):
+        await runner.run(scope, work, 1.0)
+    third = await runner.run(other, work, 1.0)
+    with pytest.raises(Busy):
+        await runner.run(other, work, 1.0)  # 3,000 held in all
+    for delivery in (first, second, third):
+        delivery.sent()
+    assert runner.held == {}
+    assert (await runner.run(scope, work, 1.0)).answer == Answer(200, b"x" * 1000)

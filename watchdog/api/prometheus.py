@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..config.model import Config
@@ -31,7 +32,7 @@ from .fairqueue import Busy
 from .jsonbodies import JSONAnswer
 from .promjson import ApiError, Form, api_error, bad_param, parse_seconds, parse_time, result_json
 from .querychild import Answer, ChildFailed
-from .queryrunner import QueryRunner, error_kind
+from .queryrunner import Delivery, QueryRunner, error_kind
 
 MAX_POINTS = 11_000  # per series of a range query, as Prometheus
 MAX_SAMPLES = 500_000  # in one answer (Prometheus' --query.max-samples is 50 M; this process also scrapes)
@@ -70,15 +71,31 @@ def encoded(produce: Callable[[], Any]) -> Answer:
     return Answer(response.status_code, bytes(response.body))
 
 
+class DeliveredAnswer(Response):
+    """A child's answer; the runner counts its bytes as held until they are sent (uvicorn's `send` returns
+    once the connection's buffer has drained below its high-water mark)."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        super().__init__(delivery.answer.body, delivery.answer.status, media_type="application/json")
+        self.sent = delivery.sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the answer, then release its bytes."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.sent()
+
+
 async def answered(
     runner: QueryRunner, request: Request, work: Callable[[], Answer], seconds: float
 ) -> Response:
     """The runner's answer to `work` as a response; ApiError if it could not give one."""
     try:
-        answer = await runner.run(request.scope, work, seconds)
+        delivery = await runner.run(request.scope, work, seconds)
     except (Busy, ChildFailed) as exc:
         raise ApiError(error_kind(exc), str(exc)) from None
-    return Response(answer.body, status_code=answer.status, media_type="application/json")
+    return DeliveredAnswer(delivery)
 
 
 def _deadline(monotonic: Callable[[], float], seconds: float) -> Callable[[], None]:

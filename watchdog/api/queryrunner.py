@@ -26,9 +26,18 @@ Spawn = Callable[[Callable[[], Answer], ChildLimits], Child]
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """An answer, and what to call once its client has read it."""
+
+    answer: Answer
+    sent: Callable[[], None]
+
+
+@dataclass(frozen=True)
 class RunnerLimits:
     """Queries at once, waiting per client and in all, bytes of one answer, memory of one child, the seconds
-    a child gets past its query's timeout to write its answer, and the spacing after a fork."""
+    a child gets past its query's timeout to write its answer, the spacing after a fork, and the bytes of
+    answers clients may leave unread (a client that does not read would otherwise hold each one it asked)."""
 
     slots: int = SLOTS
     per_client: int = PER_CLIENT
@@ -37,6 +46,8 @@ class RunnerLimits:
     memory: int = 1 << 30
     grace: float = 0.5
     spacing: float = 4.0
+    held: int = 512 << 20  # bytes of answers handed out and not yet read by their clients, all together
+    held_per_client: int = 128 << 20  # ... and of one client's
 
 
 def error_kind(exc: Busy | ChildFailed) -> str:
@@ -63,22 +74,39 @@ class QueryRunner:
         self.queue = FairQueue(limits.slots, limits.per_client, limits.waiting)
         self.clients = ClientIds(monotonic)
         self.free_at = 0.0
+        self.held: dict[str, int] = {}  # bytes of answers not yet read, by client
 
-    async def run(self, scope: Mapping[str, Any], work: Callable[[], Answer], seconds: float) -> Answer:
+    async def run(self, scope: Mapping[str, Any], work: Callable[[], Answer], seconds: float) -> Delivery:
         """`work`'s answer, computed in a child that may take `seconds` (plus the grace to write it)."""
-        async with self.queue.turn(self.clients.key(scope)):
-            pause = self.free_at - self.monotonic()
-            if pause > 0:
-                await self.sleep(pause)
-            wall = seconds + self.limits.grace
-            limits = ChildLimits(wall, self.limits.max_bytes, self.limits.memory, math.ceil(wall) + 1)
-            started = self.monotonic()
-            try:
-                child = self.spawn(work, limits)
-            except OSError as exc:
-                raise ChildFailed(
-                    "unavailable", f"cannot start the query's process: {exc.strerror}"
-                ) from None
-            ended = self.monotonic()
-            self.free_at = ended + (ended - started) * self.limits.spacing
-            return await child.answer()
+        client = self.clients.key(scope)
+        held = sum(self.held.values())
+        if held >= self.limits.held or self.held.get(client, 0) >= self.limits.held_per_client:
+            raise Busy(f"answers not yet read by their clients hold {held} bytes; try again later")
+        async with self.queue.turn(client):
+            answer = await self._run(work, seconds)
+        size = len(answer.body)
+        self.held[client] = self.held.get(client, 0) + size
+
+        def sent() -> None:
+            left = self.held.get(client, 0) - size
+            if left > 0:
+                self.held[client] = left
+            else:
+                self.held.pop(client, None)
+
+        return Delivery(answer, sent)
+
+    async def _run(self, work: Callable[[], Answer], seconds: float) -> Answer:
+        pause = self.free_at - self.monotonic()
+        if pause > 0:
+            await self.sleep(pause)
+        wall = seconds + self.limits.grace
+        limits = ChildLimits(wall, self.limits.max_bytes, self.limits.memory, math.ceil(wall) + 1)
+        started = self.monotonic()
+        try:
+            child = self.spawn(work, limits)
+        except OSError as exc:
+            raise ChildFailed("unavailable", f"cannot start the query's process: {exc.strerror}") from None
+        ended = self.monotonic()
+        self.free_at = ended + (ended - started) * self.limits.spacing
+        return await child.answer()
