@@ -117,18 +117,20 @@ def _child(
                 signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         os.dup2(write_fd, PIPE_FD)
-        os.closerange(PIPE_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        most = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        os.closerange(PIPE_FD + 1, 1 << 20 if most == resource.RLIM_INFINITY else most)
         gc.disable()  # a collection would touch, and so copy, every page of the parent's heap
         _limit(limits)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         try:
             data = frame(work())
         except MemoryError:
-            data, code = b"", EXIT_MEMORY
-        view = memoryview(data)
-        while view:
-            view = view[os.write(PIPE_FD, view) :]
-        code = code if code == EXIT_MEMORY else 0
+            code = EXIT_MEMORY
+        else:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(PIPE_FD, view) :]
+            code = 0
     finally:
         os._exit(code)
 
