@@ -87,6 +87,26 @@ async def test_one_targets_scrape_and_probe_share_their_times_and_all_upkeep_sha
     assert schedule.counters.missed_deadlines == {}
 
 
+async def test_a_slow_engine_state_probe_keeps_the_targets_phase_and_never_stretches_its_health_probe(
+    clock: Clock, schedule: Schedule
+) -> None:
+    # /is_paused held for 5 s by a stopped engine core: its job skips runs, the /health probe beside it
+    # keeps its 1 s interval (it once asked /is_paused itself, and was probed every 5 s instead).
+    runs: dict[str, list[float]] = {"health:a": [], "state:a": []}
+    schedule.replace(
+        [
+            ("health:a", recorder(runs["health:a"], clock), 1.0),
+            ("state:a", recorder(runs["state:a"], clock, takes=5.0), 1.0),
+        ]
+    )
+    assert schedule.due_times()["state:a"] == schedule.due_times()["health:a"]  # one wake-up per target
+    schedule.start()
+    await clock.run(20.0)
+    assert len(runs["health:a"]) in (19, 20) and len(runs["state:a"]) == 4
+    assert set(runs["state:a"]) <= set(runs["health:a"])
+    assert set(schedule.counters.missed_deadlines) == {"state"}
+
+
 async def test_a_run_that_outlasts_its_interval_never_overlaps_and_each_skip_counts(
     clock: Clock, schedule: Schedule, caplog: pytest.LogCaptureFixture
 ) -> None:

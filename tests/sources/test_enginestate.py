@@ -1,6 +1,7 @@
 """vLLM's deliberate states through the monitor, against a programmed HTTP server: /is_paused and /is_sleeping
 asked once when the server has none (404) and again after it restarts; an answer that does not come is not
-"paused"; the canary waits while the engine is paused or asleep; vllm:engine_sleep_state without dev mode."""
+"paused", and a slow one never holds the /health probe back; the canary waits while the engine is paused or
+asleep; vllm:engine_sleep_state without dev mode."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def monitor(url: str, canary: str = "false") -> Monitor:
     return Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
 
 
+async def probed(mon: Monitor, now: float) -> None:
+    """The /health probe, then the engine state probe: two jobs of the schedule, at the same offset."""
+    await mon.probe_health("t", now)
+    await mon.probe_state("t", now)
+
+
 def asked(fault: FaultServer, path: str) -> int:
     return sum(1 for _, p, _ in fault.requests if p == path)
 
@@ -50,19 +57,19 @@ async def test_without_dev_mode_each_endpoint_is_asked_once_and_again_after_a_re
     fault.vllm_like("")  # no /is_paused, /is_sleeping: 404, as vLLM without VLLM_SERVER_DEV_MODE=1
     mon = monitor(fault.url)
     for i in range(5):
-        await mon.probe_health("t", T0 + i)
+        await probed(mon, T0 + i)
     assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (1, 1)
     assert value(mon, PAUSED, T0 + 5) is None and value(mon, SLEEPING, T0 + 5) is None
     assert mon.engine_state("t", T0 + 5) == ""
 
     fault.set("/health", b"", status=503)  # the server goes away...
-    await mon.probe_health("t", T0 + 6)
+    await probed(mon, T0 + 6)
     assert asked(fault, "/is_paused") == 1  # (not asked while /health fails)
     fault.set("/health", b"")  # ...and comes back in dev mode
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/is_sleeping", {"is_sleeping": False})
     for i in range(7, 10):
-        await mon.probe_health("t", T0 + i)
+        await probed(mon, T0 + i)
     assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (4, 4)
     assert value(mon, PAUSED, T0 + 9) == 0.0 and value(mon, SLEEPING, T0 + 9) == 0.0
     await mon.aclose()
@@ -73,12 +80,12 @@ async def test_a_paused_engine_is_stored_and_named_and_a_resume_ends_it(fault: F
     fault.set("/is_paused", {"is_paused": True})
     fault.set("/is_sleeping", {"is_sleeping": True})  # vLLM 0.32 is "sleeping" while paused too
     mon = monitor(fault.url)
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     assert value(mon, PAUSED, T0) == 1.0 and value(mon, SLEEPING, T0) == 1.0
     assert mon.engine_state("t", T0 + 1).startswith("the engine is paused on purpose (GET /is_paused")
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/is_sleeping", {"is_sleeping": False})
-    await mon.probe_health("t", T0 + 1)
+    await probed(mon, T0 + 1)
     assert value(mon, PAUSED, T0 + 1) == 0.0 and mon.engine_state("t", T0 + 1) == ""
     await mon.aclose()
 
@@ -98,13 +105,13 @@ async def test_an_endpoint_that_does_not_answer_is_not_paused(
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url)
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     assert mon.engine_state("t", T0) != ""
     fault.set("/is_paused", **reply)  # type: ignore[arg-type]
-    await mon.probe_health("t", T0 + 1)
+    await probed(mon, T0 + 1)
     assert mon.engine_state("t", T0 + 1) == ""
     assert value(mon, PAUSED, T0 + 1) == 0.0  # the series stays, at 0: the rules' `unless` lets go
-    await mon.probe_health("t", T0 + 2)
+    await probed(mon, T0 + 2)
     assert asked(fault, "/is_paused") == 3  # an endpoint that did not answer is asked again (no 404)
     await mon.aclose()
 
@@ -113,12 +120,12 @@ async def test_the_canary_waits_while_the_engine_is_paused(fault: FaultServer) -
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     await mon.probe_canary("t", T0 + 0.5)
     assert asked(fault, "/v1/completions") == 0
     assert value(mon, "vllm_watchdog_canary_success", T0 + 1) is None
     fault.set("/is_paused", {"is_paused": False})  # POST /resume
-    await mon.probe_health("t", T0 + 1)
+    await probed(mon, T0 + 1)
     await mon.probe_canary("t", T0 + 1.5)
     assert asked(fault, "/v1/completions") == 1
     assert value(mon, "vllm_watchdog_canary_success", T0 + 2) == 1.0
@@ -131,7 +138,7 @@ async def test_a_canary_that_failed_because_the_engine_was_paused_meanwhile_is_n
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": False})
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     await mon.probe_canary("t", T0 + 0.1)
     assert value(mon, "vllm_watchdog_canary_success", T0 + 0.2) == 1.0
     # POST /pause?mode=keep while the next canary is on its way: it is held until it times out.
@@ -150,7 +157,7 @@ async def test_a_canary_that_fails_on_an_engine_that_is_not_paused_is_recorded(f
     fault.set("/is_paused", {"is_paused": False})
     fault.set("/v1/completions", {"choices": [], "usage": {"completion_tokens": 1}}, delay=1.0)
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     await mon.probe_canary("t", T0 + 1)
     assert value(mon, "vllm_watchdog_canary_success", T0 + 2) == 0.0
     await mon.aclose()
@@ -160,7 +167,7 @@ async def test_an_engine_asleep_by_its_metrics_is_named_without_dev_mode(fault: 
     fault.vllm_like(ASLEEP_METRICS)
     mon = monitor(fault.url, canary="{interval: 1s, timeout: 500ms}")
     await mon.scrape("t", T0)
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     reason = mon.engine_state("t", T0 + 1)
     assert reason == (
         'the engine is asleep on purpose (vllm:engine_sleep_state{sleep_state="awake"} is 0, engine 0)'
@@ -179,7 +186,7 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     fault.vllm_like("")
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url)
-    await mon.probe_health("t", T0)
+    await probed(mon, T0)
     collector = WatchdogCollector(mon, DaemonCounters())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -193,4 +200,23 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     assert [s.labels for s in mon.store.select(PAUSED)] == [
         make_labels(PAUSED, {"job": "vllm", "instance": hostport, "target": "t"})
     ]
+    await mon.aclose()
+
+
+async def test_a_slow_is_paused_never_holds_the_health_probe_back(fault: FaultServer) -> None:
+    fault.vllm_like("")
+    fault.set("/is_paused", {"is_paused": True}, delay=1.0)  # a stopped engine core holds /is_paused
+    fault.set("/is_sleeping", {"is_sleeping": False})
+    mon = monitor(fault.url)  # health_timeout 500ms: the state probe gives up on /is_paused after it
+    await mon.probe_state("t", T0)
+    assert asked(fault, "/is_paused") == 0  # nothing before the first /health probe
+    for i in range(3):
+        await mon.probe_health("t", T0 + i)
+    assert asked(fault, "/is_paused") == 0 and asked(fault, "/health") == 3  # was: each one waited for it
+    health = mon.targets["t"].health.status
+    assert (health.ok, health.runs, health.failures) == (True, 3, 0)
+    await mon.probe_state("t", T0 + 3)  # its own job: both endpoints at once, each within the timeout
+    assert (asked(fault, "/is_paused"), asked(fault, "/is_sleeping")) == (1, 1)
+    assert mon.engine_state("t", T0 + 3) == "" and value(mon, SLEEPING, T0 + 3) == 0.0
+    assert mon.targets["t"].state.endpoints["paused"].last_error == "timeout after 0.5s"
     await mon.aclose()

@@ -186,6 +186,7 @@ class Daemon:
             jobs.append((f"scrape:{name}", functools.partial(self._scrape, name), g.scrape_interval))
             if rt.config.health_probe:
                 jobs.append((f"health:{name}", functools.partial(mon.probe_health, name), g.scrape_interval))
+                jobs.append((f"state:{name}", functools.partial(mon.probe_state, name), g.scrape_interval))
             if rt.canary is not None:
                 interval = rt.config.canary.interval
                 jobs.append((f"canary:{name}", functools.partial(mon.probe_canary, name), interval))

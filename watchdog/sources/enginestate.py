@@ -17,6 +17,7 @@ server asks the engine core), so a really hung engine is never mistaken for a pa
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,10 +76,11 @@ class EngineStateProbe:
         self.endpoints = {kind: StateEndpoint(kind) for kind in STATE_SERIES}
 
     async def probe(self, now: float) -> None:
-        """Ask every endpoint the server has (or may have) once; never raises for target faults."""
-        for ep in self.endpoints.values():
-            if ep.available is not False:
-                await self._ask(ep, now)
+        """Ask every endpoint the server has (or may have) once, all at once (a probe takes at most one
+        timeout); never raises for target faults."""
+        await asyncio.gather(
+            *(self._ask(ep, now) for ep in self.endpoints.values() if ep.available is not False)
+        )
 
     async def _ask(self, ep: StateEndpoint, now: float) -> None:
         try:

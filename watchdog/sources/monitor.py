@@ -273,13 +273,22 @@ class Monitor:
         self._report(name, await rt.scrape.scrape(now), {"target": name})
 
     async def probe_health(self, name: str, now: float) -> None:
-        """Probe one target's /health and record it as samples."""
+        """Probe one target's /health and record it as samples. The engine state is asked apart
+        (`probe_state`, a job of its own): an /is_paused that answers slowly must not hold /health back."""
         rt = self.targets.get(name)
         if rt is None:
             return
         st = await rt.health.probe(now)
         self._record_probe(rt, st, "health", now)
-        await self._probe_state(rt, now, up=bool(st.ok))
+
+    async def probe_state(self, name: str, now: float) -> None:
+        """Ask whether one target's engine is paused or asleep, while its last /health probe succeeded; once
+        one failed, the endpoints are asked again when it is back (the server may restart with other flags).
+        Nothing before the first /health probe."""
+        rt = self.targets.get(name)
+        if rt is None or rt.health.status.ok is None:
+            return
+        await self._probe_state(rt, now, up=rt.health.status.ok)
 
     async def _probe_state(self, rt: TargetRuntime, now: float, up: bool = True) -> None:
         """Ask whether the engine is paused or asleep (while /health answers) and store the answers."""
