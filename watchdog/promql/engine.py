@@ -94,8 +94,8 @@ class Engine:
         )
 
     def query(self, expr: str, at: float, *, tick: Callable[[], None] | None = None) -> Value:
-        """Evaluate an instant query at unix seconds `at`; `tick`, called at least every 1,024 samples or nodes
-        and at each step of a subquery, may raise to abandon it. Past max_samples it raises QueryError.
+        """Evaluate an instant query at unix seconds `at`; `tick`, called every 1,024 samples or nodes and at
+        each step of a subquery, may raise to abandon it. Past max_samples it raises QueryError.
 
         While none of its selectors selects a series, an expression that does not read the time gives the
         same result at every time: the one of the first evaluation over nothing is kept and given again (a
