@@ -1,28 +1,29 @@
 """Phase (f) of bench/isolation.py: the worst query mix against the daemon's API, without a token.
 
-  python bench/_attack_api.py PORT SECONDS TRICKLE OUT.json
+  python3 bench/_attack_api.py attack PORT SECONDS TRICKLE     the hostile clients
+  python3 bench/_attack_api.py polite PORT SECONDS             a second client: `up`, /healthz, /metrics
 
-For SECONDS (each request also bounded by its own timeout, each worker by a count), several concurrent
-clients send: a 4,500-operand `1+1+...` chain; three nested label_replace with "$1" x 2700 replacements;
+For SECONDS (each request also bounded by its own timeout, each worker by a count), the hostile clients
+send at once: a 4,500-operand `1+1+...` chain; three nested label_replace with "$1" x 2700 replacements;
 16 KB of nested parentheses; sort_desc nested 1,000 deep over 1,000 series; a ~9 MB-answer range query
 from 4 clients; /api/v1/samples of every series; 40 concurrent subqueries that each run into the query
-deadline (2 s), from one client, while a second client asks `up` one query at a time (its 503s counted);
-and TRICKLE connections each sending a POST body one byte every 5 s, while /healthz and /metrics are polled.
-Writes what each client saw (status counts, slowest answer, bytes) to OUT.json.
+deadline (2 s); and TRICKLE connections each sending a POST body one byte every 5 s. The polite client
+asks `up` one query at a time and polls /healthz and /metrics every 0.5 s. Each prints what it saw (status
+counts, p50/p99, slowest answer, biggest answer) as JSON. Standard library only, so that bench/isolation.py
+can run the hostile side as another local user (the API takes turns between users).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import quote, urlencode
 
 ALL = '{__name__=~".+"}'
 CHAIN = "+".join(["1"] * 4500)
@@ -39,6 +40,7 @@ RANGE_CLIENTS = 4
 RANGE_SAMPLES = 400_000  # about 9 MB of JSON (~23 bytes a sample), under the API's 500,000
 TRICKLE_EVERY = 5.0
 PER_WORKER = 200  # requests at most per worker
+TIMEOUT = 30.0  # seconds for one answer
 
 
 @dataclass
@@ -64,43 +66,69 @@ class Client:
         }
 
 
-async def ask(http: httpx.AsyncClient, client: Client, path: str, form: dict[str, str] | None) -> None:
-    """One request (POST with a form, else GET); its status, time and size into `client`."""
+async def fetch(port: int, path: str, form: dict[str, str] | None) -> tuple[int, int]:
+    """One request on a new connection (POST with a form, else GET): (status, body bytes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    try:
+        body = urlencode(form).encode() if form is not None else b""
+        method = "POST" if form is not None else "GET"
+        head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+        if form is not None:
+            head += f"content-type: application/x-www-form-urlencoded\r\ncontent-length: {len(body)}\r\n"
+        writer.write(head.encode() + b"\r\n" + body)
+        status = await reader.readuntil(b"\r\n")
+        rest = await _read_all(reader)
+        return int(status[9:12]), len(rest)
+    finally:
+        writer.close()
+
+
+async def _read_all(reader: asyncio.StreamReader) -> bytes:
+    """Everything until the server closes (the request said `connection: close`), headers included."""
+    chunks = []
+    while chunk := await reader.read(1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def ask(port: int, client: Client, path: str, form: dict[str, str] | None) -> None:
+    """One request; its status, time and size into `client`."""
     t0 = time.monotonic()
     try:
-        if form is None:
-            resp = await http.get(path)
-        else:
-            resp = await http.post(path, data=form)
-        client.statuses[str(resp.status_code)] += 1
-        client.max_bytes = max(client.max_bytes, len(resp.content))
-    except httpx.TimeoutException:
+        status, size = await asyncio.wait_for(fetch(port, path, form), TIMEOUT)
+        client.statuses[str(status)] += 1
+        client.max_bytes = max(client.max_bytes, size)
+    except asyncio.TimeoutError:
         client.statuses["timeout"] += 1
-    except httpx.HTTPError as exc:
+    except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         client.statuses[type(exc).__name__] += 1
     took = time.monotonic() - t0
     client.latencies.append(took)
     client.slowest = max(client.slowest, took)
 
 
-async def repeat(
-    http: httpx.AsyncClient, client: Client, path: str, form: dict[str, str] | None, deadline: float
-) -> None:
+async def repeat(port: int, client: Client, path: str, form: dict[str, str] | None, deadline: float) -> None:
     """The same request back to back until the deadline (at most PER_WORKER times)."""
     for _ in range(PER_WORKER):
         if time.monotonic() >= deadline:
             return
-        await ask(http, client, path, form)
+        await ask(port, client, path, form)
         await asyncio.sleep(0.05)
 
 
-async def range_form(http: httpx.AsyncClient) -> dict[str, str]:
+async def range_form(port: int) -> dict[str, str]:
     """A range query over every series whose answer holds about RANGE_SAMPLES samples."""
     series = 1000
     try:
-        resp = await http.post("/api/v1/query", data={"query": f"count({ALL})"})
-        series = max(1, int(float(resp.json()["data"]["result"][0]["value"][1])))
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        query = quote(f"count({ALL})")
+        writer.write(
+            f"GET /api/v1/query?query={query} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode()
+        )
+        answer = (await asyncio.wait_for(_read_all(reader), TIMEOUT)).split(b"\r\n\r\n", 1)[1]
+        writer.close()
+        series = max(1, int(float(json.loads(answer)["data"]["result"][0]["value"][1])))
+    except (OSError, ValueError, KeyError, IndexError, TypeError, asyncio.TimeoutError):
         pass
     now = time.time()
     steps = max(2, min(10_000, RANGE_SAMPLES // series))
@@ -146,55 +174,61 @@ async def _read_for(reader: asyncio.StreamReader, seconds: float) -> bytes | Non
         return None
 
 
-async def poll(http: httpx.AsyncClient, client: Client, path: str, deadline: float) -> None:
-    """GET `path` every 0.5 s until the deadline."""
+async def poll(port: int, client: Client, path: str, deadline: float, every: float) -> None:
+    """GET `path` every `every` s until the deadline."""
     while time.monotonic() < deadline:
-        await ask(http, client, path, None)
-        await asyncio.sleep(0.5)
+        await ask(port, client, path, None)
+        await asyncio.sleep(every)
 
 
 async def attack(port: int, seconds: float, trickles: int) -> dict[str, Any]:
-    """Every client at once until the deadline; what each saw."""
-    base = f"http://127.0.0.1:{port}"
-    limits = httpx.Limits(max_connections=SUBQUERIES + 8, max_keepalive_connections=SUBQUERIES + 8)
+    """Every hostile client at once until the deadline; what each saw."""
     clients: dict[str, Client] = {}
     conns: Counter[str] = Counter()
-    async with (
-        httpx.AsyncClient(base_url=base, timeout=30.0, limits=limits, trust_env=False) as http,
-        httpx.AsyncClient(base_url=base, timeout=30.0, trust_env=False) as polite,
-    ):
-        ranged = await range_form(http)
-        deadline = time.monotonic() + seconds
-        jobs: list[tuple[str, httpx.AsyncClient, str, dict[str, str] | None, int]] = [
-            ("chain_4500", http, "/api/v1/query", {"query": CHAIN}, 1),
-            ("label_replace_x2700", http, "/api/v1/query", {"query": LABEL_BOMB}, 1),
-            ("parens_16k", http, "/api/v1/query", {"query": PARENS}, 1),
-            ("sort_desc_1000", http, "/api/v1/query", {"query": SORTS}, 1),
-            ("range_9mb", http, "/api/v1/query_range", ranged, RANGE_CLIENTS),
-            ("samples", http, f"/api/v1/samples?match={ALL}", None, 1),
-            ("subquery_2s", http, "/api/v1/query", {"query": SUBQUERY}, SUBQUERIES),
-            ("second_client_up", polite, "/api/v1/query?query=up", None, 1),
-        ]
-        tasks = []
-        for name, session, path, form, n in jobs:
-            clients[name] = Client()
-            tasks += [repeat(session, clients[name], path, form, deadline) for _ in range(n)]
-        for path in ("/healthz", "/metrics"):
-            clients[f"poll{path}"] = Client()
-            tasks.append(poll(polite, clients[f"poll{path}"], path, deadline))
-        tasks += [trickle(port, deadline, conns) for _ in range(trickles)]
-        await asyncio.gather(*tasks)
+    ranged = await range_form(port)
+    deadline = time.monotonic() + seconds
+    jobs: list[tuple[str, str, dict[str, str] | None, int]] = [
+        ("chain_4500", "/api/v1/query", {"query": CHAIN}, 1),
+        ("label_replace_x2700", "/api/v1/query", {"query": LABEL_BOMB}, 1),
+        ("parens_16k", "/api/v1/query", {"query": PARENS}, 1),
+        ("sort_desc_1000", "/api/v1/query", {"query": SORTS}, 1),
+        ("range_9mb", "/api/v1/query_range", ranged, RANGE_CLIENTS),
+        ("samples", "/api/v1/samples?" + urlencode({"match": ALL}), None, 1),
+        ("subquery_2s", "/api/v1/query", {"query": SUBQUERY}, SUBQUERIES),
+    ]
+    tasks = []
+    for name, path, form, n in jobs:
+        clients[name] = Client()
+        tasks += [repeat(port, clients[name], path, form, deadline) for _ in range(n)]
+    tasks += [trickle(port, deadline, conns) for _ in range(trickles)]
+    await asyncio.gather(*tasks)
     return {name: c.json() for name, c in clients.items()} | {"trickle": dict(conns)}
 
 
+async def polite(port: int, seconds: float) -> dict[str, Any]:
+    """A second client: `up` one query at a time, /healthz and /metrics every 0.5 s."""
+    clients = {name: Client() for name in ("second_client_up", "poll/healthz", "poll/metrics")}
+    deadline = time.monotonic() + seconds
+    await asyncio.gather(
+        poll(port, clients["second_client_up"], "/api/v1/query?query=up", deadline, 0.05),
+        poll(port, clients["poll/healthz"], "/healthz", deadline, 0.5),
+        poll(port, clients["poll/metrics"], "/metrics", deadline, 0.5),
+    )
+    return {name: c.json() for name, c in clients.items()}
+
+
 def main(argv: list[str]) -> int:
-    """Run the attack and write its JSON."""
-    if len(argv) != 4:
+    """Run one side and print its JSON."""
+    if len(argv) == 4 and argv[0] == "attack":
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # TRICKLE connections at once, and more
+        result = asyncio.run(attack(int(argv[1]), float(argv[2]), int(argv[3])))
+    elif len(argv) == 3 and argv[0] == "polite":
+        result = asyncio.run(polite(int(argv[1]), float(argv[2])))
+    else:
         print(__doc__, file=sys.stderr)
         return 2
-    port, seconds, trickles, out = int(argv[0]), float(argv[1]), int(argv[2]), Path(argv[3])
-    result = asyncio.run(attack(port, seconds, trickles))
-    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
     return 0
 
 

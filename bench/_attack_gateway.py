@@ -1,13 +1,14 @@
 """Phases (g) and (h) of bench/isolation.py: hostile clients of the gateway, without a token.
 
-  python bench/_attack_gateway.py nonreaders PORT SECONDS COUNT OUT.json
-  python bench/_attack_gateway.py bodies PORT SECONDS COUNT OUT.json
+  python3 bench/_attack_gateway.py nonreaders PORT SECONDS COUNT
+  python3 bench/_attack_gateway.py bodies PORT SECONDS COUNT
 
 nonreaders: COUNT connections with a 2 KiB receive buffer each send one streaming request that the upstream
 answers with an endless stream, and never read; after SECONDS, each is read for a moment to see whether the
 gateway had cut it (end of file) or still streams.
 bodies: COUNT clients each POST a 16 MiB `{"messages":[{},{},...]}` body to /v1/chat/completions, back to
 back until SECONDS pass (at most BODY_ROUNDS each); their status counts and slowest answer.
+Each prints its JSON. Standard library only, so that bench/isolation.py can run it as another local user.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import socket
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 RCVBUF = 2048
@@ -108,16 +108,16 @@ async def _bodies(port: int, seconds: float, count: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """Run one attack and write its JSON."""
-    if len(argv) != 5 or argv[0] not in ("nonreaders", "bodies"):
+    """Run one attack and print its JSON."""
+    if len(argv) != 4 or argv[0] not in ("nonreaders", "bodies"):
         print(__doc__, file=sys.stderr)
         return 2
-    kind, port, seconds, count, out = argv[0], int(argv[1]), float(argv[2]), int(argv[3]), Path(argv[4])
+    kind, port, seconds, count = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
     if kind == "nonreaders":
         result = nonreaders(port, seconds, count)
     else:
         result = asyncio.run(_bodies(port, seconds, count))
-    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -28,14 +28,28 @@ P99_SLACK = 1.0  # ms: "unchanged" is under the goal or within this of the undis
 NONREADERS = 80
 
 
-class Attack:
-    """An attacker process bounded by its own deadline; killed if it overruns it by `grace` seconds."""
+OTHER_USER = 65534  # nobody: where the bench runs as root, attacks come from another local user
+SYSTEM_PYTHON = "/usr/bin/python3"  # the attackers use the standard library only: any Python 3 runs them
 
-    def __init__(self, argv: list[str], out: Path, seconds: float, grace: float = 45.0) -> None:
-        self.out, self.limit = out, seconds + grace
-        with out.with_suffix(".log").open("wb") as log:
+
+def attacker_user() -> tuple[int | None, str]:
+    """(uid to run attacks as, interpreter): another user where the bench may switch to one, else ours."""
+    if os.geteuid() == 0 and Path(SYSTEM_PYTHON).exists():
+        return OTHER_USER, SYSTEM_PYTHON
+    return None, sys.executable
+
+
+class Attack:
+    """An attacker process bounded by its own deadline; killed if it overruns it by `grace` seconds. Its
+    JSON (stdout) goes to `out`, its stderr to out's .log; `hostile` ones run as attacker_user()."""
+
+    def __init__(self, argv: list[str], out: Path, seconds: float, hostile: bool = True) -> None:
+        self.out, self.limit = out, seconds + 45.0
+        user, python = attacker_user() if hostile else (None, sys.executable)
+        self.uid = os.geteuid() if user is None else user
+        with out.open("wb") as stdout, out.with_suffix(".log").open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [python, *argv], stdout=stdout, stderr=log, start_new_session=True, user=user, cwd="/"
             )
 
     def finish(self) -> dict[str, Any]:
@@ -48,10 +62,25 @@ class Attack:
             return {"error": f"killed after {self.limit:.0f} s"}
         try:
             result: dict[str, Any] = json.loads(self.out.read_text())
+            result["uid"] = self.uid
         except (OSError, ValueError):
             tail = self.out.with_suffix(".log").read_text(errors="replace")[-500:]
             return {"error": f"exit {self.proc.returncode}: {tail}"}
         return result
+
+
+class Together:
+    """Several disturbances as one."""
+
+    def __init__(self, parts: dict[str, Disturbance]) -> None:
+        self.parts = parts
+
+    def finish(self) -> dict[str, Any]:
+        """Finish each; their results merged, each part's `uid` as NAME_uid."""
+        out: dict[str, Any] = {}
+        for name, part in self.parts.items():
+            out |= {(f"{name}_{k}" if k == "uid" else k): v for k, v in part.finish().items()}
+        return out
 
 
 class HostileTarget:
@@ -68,17 +97,22 @@ class HostileTarget:
 
 
 def phase_f(ctx: Context, tmp: Path, seconds: float, trickles: int) -> dict[str, Any]:
-    """(f) the worst query mix, without a token."""
-    out = tmp / "attack-f.json"
-    argv = [str(HERE / "_attack_api.py"), str(ctx.daemon.api), str(seconds), str(trickles), str(out)]
-    return measure(ctx, "(f) worst query mix on the API", seconds, lambda: Attack(argv, out, seconds))
+    """(f) the worst query mix, without a token, beside a second (polite) client of another user."""
+    script, api = str(HERE / "_attack_api.py"), str(ctx.daemon.api)
+
+    def start() -> Disturbance:
+        hostile = Attack([script, "attack", api, str(seconds), str(trickles)], tmp / "attack-f.json", seconds)
+        polite = Attack([script, "polite", api, str(seconds)], tmp / "polite-f.json", seconds, hostile=False)
+        return Together({"attack": hostile, "polite": polite})
+
+    return measure(ctx, "(f) worst query mix on the API", seconds, start)
 
 
 def phase_g(ctx: Context, tmp: Path, seconds: float) -> dict[str, Any]:
     """(g) streaming gateway clients that never read."""
     out = tmp / "attack-g.json"
     gw = str(ctx.daemon.gw)
-    argv = [str(HERE / "_attack_gateway.py"), "nonreaders", gw, str(seconds), str(NONREADERS), str(out)]
+    argv = [str(HERE / "_attack_gateway.py"), "nonreaders", gw, str(seconds), str(NONREADERS)]
     label = f"(g) {NONREADERS} non-reading gateway streams"
     return measure(ctx, label, seconds, lambda: Attack(argv, out, seconds))
 
@@ -87,7 +121,7 @@ def phase_h(ctx: Context, tmp: Path, seconds: float, clients: int) -> dict[str, 
     """(h) concurrent 16 MiB bodies to the gateway."""
     out = tmp / "attack-h.json"
     gw = str(ctx.daemon.gw)
-    argv = [str(HERE / "_attack_gateway.py"), "bodies", gw, str(seconds), str(clients), str(out)]
+    argv = [str(HERE / "_attack_gateway.py"), "bodies", gw, str(seconds), str(clients)]
     return measure(
         ctx, f"(h) {clients} concurrent 16 MiB bodies", seconds, lambda: Attack(argv, out, seconds)
     )
