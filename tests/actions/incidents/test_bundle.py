@@ -128,6 +128,9 @@ def test_zero_filled_members_cost_only_what_is_asked_for_and_at_most_the_caps(tm
     }
     hostile_bundle(tmp_path, "zeros-1", members)
     assert bundles.manifest("zeros-1") == {}  # the manifest only: nothing behind it is decompressed
+    hostile_bundle(tmp_path, "zeros-0", {"a.txt": 64 << 20, "manifest.json": b"{}"})
+    with pytest.raises(BundleError, match=f"more than {(1 << 20) + 16 * 1024} bytes uncompressed"):
+        bundles.manifest("zeros-0")  # a list reads every manifest: nothing may come before it
     with pytest.raises(BundleError, match="holds 8388609 bytes, more than the 8388608 read"):
         bundles.read("zeros-1", ("log.txt",))  # was read whole, as were up to 32 members of 64 MiB each
     hostile_bundle(tmp_path, "zeros-2", {"manifest.json": b"{}", "a.txt": 1 << 20, "log.txt": b"kept"})

@@ -31,6 +31,7 @@ MANIFEST = "manifest.json"
 MAX_ID = 128
 MAX_MEMBERS = 32
 EXTENDED_BYTES = 4096  # a pax header or GNU long name; the watchdog's own bundles need none
+_HEAD_SLACK = 16 * 1024  # the tar headers before a manifest and after it (the stream reads 10 KiB ahead)
 _EXTENDED = frozenset(
     {
         tarfile.XHDTYPE,
@@ -180,21 +181,27 @@ class Bundles:
 
     def contents(self, incident_id: str, names: Collection[str] | None = None) -> Contents:
         """As `read`, with the size of every file passed on the way (the metrics' too, unread)."""
+        return self._contents(incident_id, names, self.limits.unpacked_bytes)
+
+    def _contents(self, incident_id: str, names: Collection[str] | None, unpacked_bytes: int) -> Contents:
         info = self.info(incident_id)
-        limits = self.limits
-        if info.size > limits.unpacked_bytes:
-            raise BundleError(f"{info.path}: {info.size} bytes, more than the {limits.unpacked_bytes} read")
+        if info.size > self.limits.unpacked_bytes:
+            raise BundleError(
+                f"{info.path}: {info.size} bytes, more than the {self.limits.unpacked_bytes} read"
+            )
         try:
             with open(info.path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as packed:
-                unpacked = _Unpacked(packed, limits.unpacked_bytes, info.path)
+                unpacked = _Unpacked(packed, unpacked_bytes, info.path)
                 with tarfile.open(fileobj=unpacked, mode="r|", tarinfo=_Header) as tar:
-                    return _members(tar, incident_id + "/", names, limits)
+                    return _members(tar, incident_id + "/", names, self.limits)
         except (OSError, tarfile.TarError, EOFError, ValueError, zlib.error) as exc:
             raise BundleError(f"cannot read {info.path}: {exc}") from None
 
     def manifest(self, incident_id: str) -> dict[str, Any]:
-        """A bundle's manifest; BundleError."""
-        raw = self.read(incident_id, (MANIFEST,)).get(MANIFEST)
+        """A bundle's manifest; BundleError. It must come first (after the bundle's directory), as `write`
+        puts it: a list reads every bundle's manifest, and nothing placed before it is decompressed."""
+        head = self.limits.manifest_bytes + _HEAD_SLACK
+        raw = self._contents(incident_id, (MANIFEST,), head).files.get(MANIFEST)
         if raw is None:
             raise BundleError(f"incident {incident_id!r} has no {MANIFEST}")
         try:
