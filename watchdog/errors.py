@@ -65,7 +65,17 @@ class ScrapeError(WatchdogError):
 
 
 # Every ScrapeError.kind: vllm_watchdog_scrape_errors_total has a series per source for each, from 0.
-SCRAPE_ERROR_KINDS = ("connection", "timeout", "status", "size", "encoding", "parse", "sample_limit")
+SCRAPE_ERROR_KINDS = (
+    "connection",
+    "timeout",
+    "status",
+    "size",
+    "encoding",
+    "parse",
+    "sample_limit",
+    "label_limits",
+    "series_limit",
+)
 
 
 class SampleLimitError(ScrapeError):

@@ -21,10 +21,11 @@ from ..gateway.config import GatewayConfig, parse_gateway
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor
 from .addresses import http_url, parse_listen
-from .durations import parse_duration, parse_size
+from .durations import parse_duration
 from .files import UnreadableFileError, read_text, resolve_bundled
 from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, TlsConfig, parse_http_client
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
+from .limits import LIMIT_KEYS, ScrapeLimits, parse_limits
 from .targets import DEFAULT_JOB, TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
 
@@ -42,12 +43,21 @@ class GlobalConfig:
     scrape_interval: float = 1.0
     scrape_timeout: float = 1.0
     evaluation_interval: float = 1.0
-    sample_limit: int = 20_000
-    body_size_limit: int = 16 * 1024 * 1024
+    limits: ScrapeLimits = field(default_factory=ScrapeLimits)  # of every target that does not set its own
     lookback_delta: float = 300.0
     keep_unreferenced: bool = False  # store families no rule reads (memory grows with targets)
     external_labels: Mapping[str, str] = field(default_factory=dict)  # added to alerts, as in Prometheus
     job: str = DEFAULT_JOB  # the `job` label of every target that does not name its own
+
+    @property
+    def sample_limit(self) -> int:
+        """The sample_limit of the targets that set none."""
+        return self.limits.sample_limit
+
+    @property
+    def body_size_limit(self) -> int:
+        """The body_size_limit of the targets that set none."""
+        return self.limits.body_size_limit
 
 
 @dataclass(frozen=True)
@@ -189,8 +199,9 @@ def _positive_duration(m: dict[str, Node], key: str) -> float | None:
 def _global(node: Node) -> GlobalConfig:
     d = GlobalConfig()
     m = node.mapping(
-        {"scrape_interval", "scrape_timeout", "evaluation_interval", "sample_limit"}
-        | {"body_size_limit", "lookback_delta", "keep_unreferenced", "external_labels", "job"}
+        {"scrape_interval", "scrape_timeout", "evaluation_interval", "lookback_delta", "keep_unreferenced"}
+        | {"external_labels", "job"}
+        | LIMIT_KEYS
     )
     if m is None:
         return d
@@ -199,8 +210,6 @@ def _global(node: Node) -> GlobalConfig:
     if timeout is not None and timeout > interval:
         m["scrape_timeout"].error("must not be greater than scrape_interval")
     ev = _positive_duration(m, "evaluation_interval")
-    limit = m["sample_limit"].integer(minimum=1) if "sample_limit" in m else None
-    body = m["body_size_limit"].parsed(parse_size) if "body_size_limit" in m else None
     lookback = _positive_duration(m, "lookback_delta")
     keep = m["keep_unreferenced"].boolean() if "keep_unreferenced" in m else None
     job = m["job"].string() if "job" in m else None
@@ -210,8 +219,7 @@ def _global(node: Node) -> GlobalConfig:
         scrape_interval=interval,
         scrape_timeout=timeout or min(interval, 10.0),
         evaluation_interval=ev or d.evaluation_interval,
-        sample_limit=limit or d.sample_limit,
-        body_size_limit=body or d.body_size_limit,
+        limits=replace(ScrapeLimits(), **parse_limits(m)),
         lookback_delta=lookback or d.lookback_delta,
         keep_unreferenced=bool(keep),
         external_labels=_external_labels(m["external_labels"]) if "external_labels" in m else {},

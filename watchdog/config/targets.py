@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .addresses import http_url, scrape_address
 from .durations import parse_duration
 from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, parse_http_client
+from .limits import LIMIT_KEYS, ScrapeLimits, parse_limits
 from .yamlnodes import Node
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -61,6 +62,7 @@ class TargetConfig:
     unit: str | None = None  # systemd mode: restart only
     gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
     http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials, every request
+    limits: Mapping[str, int] = field(default_factory=dict)  # its own ScrapeLimits, over the `global:` ones
     # Set on a discovered target; not part of its identity: the same server found again (another container
     # id after a restart) is the same target, its scrapes, caches and runtime kept.
     discovered: DiscoveredBy | None = field(default=None, compare=False)
@@ -83,6 +85,10 @@ class TargetConfig:
     def series_labels(self) -> dict[str, str]:
         """The labels of every series the watchdog stores for this target (scraped and probed)."""
         return {**self.labels, "job": self.job, "instance": self.instance, "target": self.name}
+
+    def scrape_limits(self, defaults: ScrapeLimits) -> ScrapeLimits:
+        """The limits of its scrapes: its own where it sets them, `defaults` (the `global:` ones) else."""
+        return replace(defaults, **self.limits) if self.limits else defaults
 
     @property
     def metrics_url(self) -> str:
@@ -123,6 +129,7 @@ def parse_canary(node: Node) -> CanaryConfig:
 WATCH_KEYS = frozenset(
     {"job", "metrics_path", "health_path", "health_timeout", "health_probe", "canary", "labels"}
     | HTTP_CLIENT_KEYS
+    | LIMIT_KEYS
 )
 # The keys that say which server it is and how actions reach it.
 _OWN_KEYS = frozenset({"name", "url", "container", "command", "env", "unit", "gpus"})
@@ -156,6 +163,7 @@ def _watch_settings(m: dict[str, Node], node: Node, job: str) -> dict[str, Any]:
         "canary": parse_canary(m["canary"]) if "canary" in m else d.canary,
         "labels": labels or {},
         "http": parse_http_client(m, node, {}),
+        "limits": parse_limits(m),
     }
 
 

@@ -221,6 +221,12 @@ _SCRAPE_FAMILIES: list[
         "Samples dropped for a timestamp over 1h old or 10m ahead (as Prometheus drops them).",
         lambda st: st.out_of_bounds_total,
     ),
+    (
+        GaugeMetricFamily,
+        "vllm_watchdog_scrape_series",
+        "Series of the source the store holds (live, or stale within the retention); series_limit caps them.",
+        lambda st: st.series_held,
+    ),
 ]
 _PROBE_FAMILIES = (
     ("vllm_watchdog_health_up", "1 if the last /health probe returned 200."),

@@ -9,7 +9,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -17,6 +17,7 @@ import httpx
 from ..config.addresses import scrape_address
 from ..config.httpauth import ClientSettings, CredentialError, sign
 from ..config.httpclient import HttpClientConfig
+from ..config.limits import ScrapeLimits
 from ..config.model import Config
 from ..config.targets import TargetConfig
 from ..logs import Recurring
@@ -146,7 +147,9 @@ class Monitor:
             self.dcgm = None
         if config.gpus.dcgm_url and self.dcgm is None:
             url = config.gpus.dcgm_url
-            self.dcgm = self._scraper(config, url, "dcgm", scrape_address(url), keep, {})
+            self.dcgm = self._scraper(
+                config, url, "dcgm", scrape_address(url), keep, {}, config.global_.limits
+            )
         self.keep_names = keep_names
         self.config, self.rules = config, rules
 
@@ -183,6 +186,7 @@ class Monitor:
         instance: str,
         keep: Callable[[str], bool] | None,
         labels: dict[str, str],
+        limits: ScrapeLimits,
         settings: ClientSettings | None = None,
     ) -> ScrapeTarget:
         g = config.global_
@@ -192,8 +196,7 @@ class Monitor:
             instance=instance,
             store=self.store,
             timeout=g.scrape_timeout,
-            sample_limit=g.sample_limit,
-            body_size_limit=g.body_size_limit,
+            **asdict(limits),
             keep_name=keep,
             extra_labels=labels,
             monotonic=self.monotonic,
@@ -207,7 +210,8 @@ class Monitor:
         settings = ClientSettings(tc.http) if tc.http != HttpClientConfig() else None
         client, tls = self._client(tc.name, settings)
         own = {**tc.labels, "target": tc.name}  # job and instance are the scrape's own
-        scrape = self._scraper(config, tc.metrics_url, tc.job, tc.instance, keep, own, settings)
+        limits = tc.scrape_limits(config.global_.limits)
+        scrape = self._scraper(config, tc.metrics_url, tc.job, tc.instance, keep, own, limits, settings)
         health = HealthProbe(tc.health_url, tc.health_timeout, self.monotonic, settings=settings)
         canary = CanaryProbe(tc.url, tc.canary, client, self.monotonic) if tc.canary.enabled else None
         state = EngineStateProbe(tc.url, client, tc.health_timeout, self.monotonic)

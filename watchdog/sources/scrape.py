@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config.httpauth import ClientSettings
+from ..config.limits import ScrapeLimits
 from ..errors import SampleLimitError, ScrapeError
 from ..logs import bound
 from ..store import Exposure, SampleStore, Series, make_labels
 from .aliases import current_name
 from .exposition import ExpositionError, iter_samples, parse_series, scan
 from .httpget import HttpGet
+from .serieslimits import SERIES_LIMIT, HeldSeries, check_labels
 
 _SKIP = Series(())  # cached for series that the rules do not need
 # A sample's own timestamp must lie within these bounds of the scrape time, as Prometheus accepts it: at most
@@ -75,6 +77,7 @@ class ScrapeStatus:
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     out_of_bounds: int = 0  # samples of the last scrape dropped for their timestamp
     out_of_bounds_total: int = 0
+    series_held: int = 0  # series of this target the store holds, or may yet (series_limit caps them)
 
 
 class ScrapeTarget:
@@ -90,6 +93,10 @@ class ScrapeTarget:
         timeout: float,
         sample_limit: int,
         body_size_limit: int,
+        label_limit: int = ScrapeLimits.label_limit,
+        label_name_length_limit: int = ScrapeLimits.label_name_length_limit,
+        label_value_length_limit: int = ScrapeLimits.label_value_length_limit,
+        series_limit: int | None = ScrapeLimits.series_limit,
         keep_name: Callable[[str], bool] | None = None,
         extra_labels: dict[str, str] | None = None,
         monotonic: Callable[[], float] = time.perf_counter,
@@ -105,8 +112,17 @@ class ScrapeTarget:
         self.tls = tls
         self._http: HttpGet | None = None  # made at the first fetch: replay and benches never fetch
         self.timeout = timeout
+        self.limits = ScrapeLimits(
+            sample_limit,
+            body_size_limit,
+            label_limit,
+            label_name_length_limit,
+            label_value_length_limit,
+            series_limit,
+        )
         self.sample_limit = sample_limit
         self.body_size_limit = body_size_limit
+        self._held = HeldSeries(self.limits.held_series, self.limits.held_label_bytes)
         self.keep_name = keep_name
         self.extra_labels = dict(extra_labels or {})
         self.target_labels = {**self.extra_labels, "job": job, "instance": instance}
@@ -114,6 +130,7 @@ class ScrapeTarget:
         self.recorder = recorder
         self.status = ScrapeStatus()
         self._cache: dict[str, Series] = {}
+        self._cache_bytes = 0  # of its keys: a target churning long label sets must not fill memory either
         self.exposure = Exposure(store)
         self._synthetic: dict[str, Series] = {}
 
@@ -149,29 +166,54 @@ class ScrapeTarget:
             await self._http.aclose()
 
     def _series_for(self, raw: str) -> Series:
+        self._cache_bytes += len(raw)
         name, labels = parse_series(raw)
         name = current_name(name)
-        if self.keep_name is not None and not self.keep_name(name):
-            return _SKIP
         for key, value in self.target_labels.items():
             if key in labels and labels[key] != "":
                 labels["exported_" + key] = labels[key]  # honor_labels: false
             labels[key] = value
-        return self.store.get(make_labels(name, labels))
+        full = make_labels(name, labels)
+        # Every series, those the rules do not read too: the target's `up` is what a Prometheus with the same
+        # limits (and no metric relabelling) would say of it, and no cached key is longer than they allow.
+        check_labels(full, self.limits)
+        if self.keep_name is not None and not self.keep_name(name):
+            return _SKIP
+        series = self.store.get(full)
+        self._held.add(series)
+        return series
+
+    def _recount_held(self) -> bool:
+        """Forget the held series the store dropped (and their cache entries); whether there were any."""
+        gone = self._held.recount()
+        if gone:
+            cache = self._cache
+            for key in [key for key, series in cache.items() if series.labels in gone]:
+                del cache[key]
+        return bool(gone)
 
     def ingest(self, text: str, t_ms: int, limit_checked: bool = False) -> int:
         """Parse a body and commit its samples atomically; return the number of samples read. `limit_checked`:
         the body is known to be within sample_limit (scrape() counted it off the event loop)."""
         cache = self._cache
-        if len(cache) > 4 * self.sample_limit:
+        if len(cache) > 4 * self.sample_limit or self._cache_bytes > self.body_size_limit:
             cache.clear()  # a target churning label values must not grow the cache without bound
+            self._cache_bytes = 0
+        lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
         try:
             if not limit_checked:
                 self._check_limit(text)
-            lowest, highest = t_ms - MAX_BEHIND_MS, t_ms + MAX_AHEAD_MS
-            batch, count, dropped = scan(text, cache, self._series_for, _SKIP, t_ms, lowest, highest)
+            try:
+                batch, count, dropped = scan(text, cache, self._series_for, _SKIP, t_ms, lowest, highest)
+            except ScrapeError as exc:
+                # Over series_limit: once the series the store has dropped since are let go, it may fit.
+                if exc.kind != SERIES_LIMIT or not self._recount_held():
+                    raise
+                batch, count, dropped = scan(text, cache, self._series_for, _SKIP, t_ms, lowest, highest)
         except ExpositionError as exc:
             raise _parse_error(exc) from exc
+        finally:
+            self.status.series_held = len(self._held)
         self.exposure.commit(batch, t_ms)
         self.status.out_of_bounds = dropped
         self.status.out_of_bounds_total += dropped
