@@ -14,7 +14,7 @@ import math
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
@@ -161,8 +161,7 @@ class Replayer:
             instance=rec.instance,
             store=self.store,
             timeout=g.scrape_timeout,
-            sample_limit=g.sample_limit,
-            body_size_limit=g.body_size_limit,
+            **asdict(g.limits),  # the label and series limits too: replay fails what the run failed
             extra_labels=labels,
         )
         return target

@@ -113,12 +113,12 @@ class ScrapeTarget:
         self._http: HttpGet | None = None  # made at the first fetch: replay and benches never fetch
         self.timeout = timeout
         self.limits = ScrapeLimits(
-            sample_limit,
-            body_size_limit,
-            label_limit,
-            label_name_length_limit,
-            label_value_length_limit,
-            series_limit,
+            sample_limit=sample_limit,
+            body_size_limit=body_size_limit,
+            label_limit=label_limit,
+            label_name_length_limit=label_name_length_limit,
+            label_value_length_limit=label_value_length_limit,
+            series_limit=series_limit,
         )
         self.sample_limit = sample_limit
         self.body_size_limit = body_size_limit
