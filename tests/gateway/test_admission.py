@@ -511,3 +511,50 @@ async def test_many_clients_never_exceed_limits() -> None:
 def test_rejection_is_a_value() -> None:
     r = Rejection(429, "queue_full", "full", 1.0)
     assert r == replace(r) and r.retry_after == 1.0
+
+
+# -- requests without a session ------------------------------------------------------------------------------
+
+
+def shared(share: float, **kw: Any) -> GatewayConfig:
+    return config(sessions=SessionConfig(anonymous_share=share), **kw)
+
+
+async def test_requests_without_a_session_hold_at_most_their_share_and_others_pass() -> None:
+    gate = Gate(shared(0.5, max_in_flight=4))
+    held = [ticket(admit_now(gate)) for _ in range(2)]
+    c = Clients(gate)
+    await c.start("anon-3")  # a free slot, but requests without a session hold their half
+    assert c.pending() == {"anon-3"} and gate.in_flight == 2
+    keyed = [ticket(admit_now(gate, f"s{i}")) for i in range(2)]  # a session takes a slot at once
+    assert gate.in_flight == 4
+    keyed[0].release()  # a slot frees, but requests without a session still hold theirs
+    await settle()
+    assert c.pending() == {"anon-3"}
+    held[0].release()  # one of theirs frees: the waiter takes it
+    await settle()
+    assert not c.pending() and gate.in_flight == 3
+    for t in [*held, *keyed, ticket(c.result("anon-3"))]:
+        t.release()
+    assert gate.in_flight == 0
+
+
+async def test_the_share_follows_the_throttled_cap_and_times_out_with_its_own_reason() -> None:
+    gate = Gate(shared(0.5, max_in_flight=8, max_queue_time=SHORT))
+    gate.set_limit(2)  # half of 2: one slot for requests without a session
+    held = ticket(admit_now(gate))
+    r = rejection(await gate.admit(None, "interactive"))
+    assert (r.status, r.reason) == (429, "anonymous_concurrency") and "anonymous_share" in r.message
+    assert gate.snapshot().rejected_total["anonymous_concurrency"] == 1
+    gate.set_limit(8)  # four now
+    extra = [ticket(admit_now(gate)) for _ in range(3)]
+    assert gate.in_flight == 4
+    for t in [held, *extra]:
+        t.release()
+
+
+def test_a_share_of_one_lets_requests_without_a_session_take_every_slot() -> None:
+    gate = Gate(shared(1.0, max_in_flight=3))
+    assert all(isinstance(admit_now(gate), Ticket) for _ in range(3)) and gate.in_flight == 3
+    tiny = Gate(shared(0.01, max_in_flight=3))
+    assert isinstance(admit_now(tiny), Ticket)  # at least one slot whatever the share

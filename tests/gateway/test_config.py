@@ -24,9 +24,12 @@ FULL = (
   connect_timeout: 2s
   read_timeout: 5m
   client_timeout: 15s
+  write_timeout: 10s
+  max_json_elements: 50000
   keepalive_timeout: 30s
   priority: {header: X-Tier, classes: [gold, silver, bronze], default: silver, api_keys: {sk-batch: bronze}}
-  sessions: {header: X-Agent, rate: 2.5, burst: 5, max_in_flight: 4, breaker_duration: 10m, max_sessions: 500, top_k: 5}
+  sessions: {header: X-Agent, rate: 2.5, burst: 5, max_in_flight: 4, breaker_duration: 10m, max_sessions: 500, top_k: 5,
+    anonymous_share: 0.25}
 actions:
   squeeze: {type: throttle, factor: 0.25, floor: 4, step: 2, step_interval: 30s}
   pin: {type: throttle, limit: 8}
@@ -60,9 +63,11 @@ def test_every_gateway_key_parses_into_typed_values() -> None:
         connect_timeout=2.0,
         read_timeout=300.0,
         client_timeout=15.0,
+        write_timeout=10.0,
+        max_json_elements=50_000,
         keepalive_timeout=30.0,
         priority=PriorityConfig("X-Tier", ("gold", "silver", "bronze"), "silver", {"sk-batch": "bronze"}),
-        sessions=SessionConfig("X-Agent", 2.5, 5, 4, 600.0, 500, 5),
+        sessions=SessionConfig("X-Agent", 2.5, 5, 4, 600.0, 500, 5, 0.25),
     )
     a = cfg.actions
     assert a["squeeze"].throttle == ThrottleSpec(factor=0.25, floor=4, step=2, step_interval=30.0)
@@ -83,6 +88,8 @@ def test_minimal_gateway_takes_the_only_target_and_safe_defaults() -> None:
     assert (cfg.gateway.target, cfg.gateway.upstream) == ("vllm-0", "http://127.0.0.1:8000")
     assert (cfg.gateway.listen_host, cfg.gateway.listen_port) == ("127.0.0.1", 8080)
     assert cfg.gateway.max_body == 16 * MiB and cfg.gateway.drain_mode == "hold"
+    assert (cfg.gateway.write_timeout, cfg.gateway.max_json_elements) == (30.0, 1_000_000)
+    assert cfg.gateway.sessions.anonymous_share == 0.75
     assert parse_config(TARGET, "c.yml", env={}).gateway is None
 
 
@@ -115,6 +122,11 @@ def test_embedded_defaults_put_a_loopback_gateway_in_front_with_agent_guards() -
         ("{sessions: {rate: -1}}", "gateway.sessions.rate: must be greater than 0"),
         ("{sessions: {max_in_flight: 0}}", "gateway.sessions.max_in_flight: must be >= 1"),
         ("{sessions: {top_k: 0}}", "gateway.sessions.top_k: must be >= 1"),
+        ("{sessions: {anonymous_share: 0}}", "gateway.sessions.anonymous_share: must be greater than 0"),
+        ("{sessions: {anonymous_share: 1.5}}", "gateway.sessions.anonymous_share: must be greater than 0"),
+        ("{sessions: {anonymous_share: half}}", "gateway.sessions.anonymous_share: must be a number"),
+        ("{write_timeout: 0s}", "gateway.write_timeout: must be greater than 0"),
+        ("{max_json_elements: 0}", "gateway.max_json_elements: must be >= 1"),
         ("[1]", "gateway: must be a mapping"),
         (
             "{control_socket: gw.sock}",

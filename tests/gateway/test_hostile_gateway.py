@@ -243,8 +243,8 @@ def test_a_thousand_concurrent_requests_are_queued_or_refused_in_json(
         assert r.headers["content-type"] == "application/json", r.text
         if r.status_code != 200:
             assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
-    # Without a session the flood holds at most half the slots (sessions.anonymous_share): 2 + 32 queued.
-    assert set(codes) <= {200, 429} and codes.get(200, 0) >= 34, codes
+    # Without a session the flood holds at most 3 of the 4 slots (sessions.anonymous_share), 32 queued.
+    assert set(codes) <= {200, 429} and codes.get(200, 0) >= 35, codes
     snap = snapshot(gw)
     assert snap.proxy.responses_total == {str(k): v for k, v in sorted(codes.items())}
     assert snap.gate.rejected_total.get("queue_full", 0) == codes.get(429, 0)

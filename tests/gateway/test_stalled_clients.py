@@ -124,6 +124,7 @@ def test_clients_that_never_read_lose_their_slots_and_their_upstream_requests(
         eventually(lambda: snapshot(gw).gate.in_flight == 0, "the stalled clients' slots are freed")
         snap = snapshot(gw)
         assert snap.proxy.upstream_errors_total.get("client_stalled") == 4
+        assert snap.gate.oldest_in_flight_age == 0.0  # what GatewayRequestStuck watches
         eventually(lambda: endless.left == 4, "the gateway closed every upstream stream (vLLM stops)")
         eventually(lambda: snapshot(gw).proxy.connections == 0, "the stalled connections are closed")
         # A legitimate request is admitted at once, keyed or not.

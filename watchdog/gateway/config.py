@@ -40,7 +40,7 @@ class SessionConfig:
     breaker_duration: float = 300.0  # how long throttle_session keeps a breaker open unless it says otherwise
     max_sessions: int = 10_000  # sessions remembered (least recently seen dropped first)
     top_k: int = 10  # sessions exported by name; the rest are summed into session="other"
-    anonymous_share: float = 0.5  # requests without a session hold at most this share of the in-flight cap
+    anonymous_share: float = 0.75  # requests without a session hold at most this share of the in-flight cap
 
 
 @dataclass(frozen=True)

@@ -151,15 +151,7 @@ class Proxy:
             if not interrupt.absorb():
                 raise
             if interrupt.reason == "timeout":
-                self.count_refusal("body_timeout", 408)
-                await send_error(
-                    send,
-                    408,
-                    error_body(
-                        "The request body did not arrive in time.", "invalid_request_error", "timeout"
-                    ),
-                    close=True,
-                )
+                await self._body_timeout(send)
             else:
                 self._errors["client_disconnect"] = self._errors.get("client_disconnect", 0) + 1
         finally:
@@ -190,6 +182,11 @@ class Proxy:
             return None
         streaming = fields is not None and fields["stream"] is True
         return outcome, self.signals.start(session, path, fields, streaming)
+
+    async def _body_timeout(self, send: Send) -> None:
+        self.count_refusal("body_timeout", 408)
+        message = "The request body did not arrive in time."
+        await send_error(send, 408, error_body(message, "invalid_request_error", "timeout"), close=True)
 
     def _stalled(self, scope: Scope) -> None:
         """Count and log a client cut off for taking none of its response (never its body)."""
