@@ -144,7 +144,7 @@ def goals(row: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple[st
     fire_ok = fire is not None and base_fire is not None and fire <= base_fire + GOAL_FIRE_SLACK
     fire_text = "no cycle" if fire is None else "never" if math.isinf(fire) else f"{fire:.2f} s"
     base_text = "-" if base_fire is None else f"{base_fire:.2f} s"
-    p99, rss_d, rss_g = row["added_p99_ms"], row["daemon_rss_peak_mib"], row["gateway_rss_peak_mib"]
+    p99, rss_d, rss_g = row["added_p99_ms"], row["daemon_pss_peak_mib"], row["gateway_rss_peak_mib"]
     base_p99 = (baseline or {}).get("added_p99_ms", float("nan"))
     p99_bound = max(GOAL_ADDED_P99, base_p99 + P99_SLACK) if not math.isnan(base_p99) else GOAL_ADDED_P99
     return [
@@ -152,7 +152,7 @@ def goals(row: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple[st
          row.get("scrapes_on_schedule", 0) >= GOAL_SCRAPES),
         (f"probe fires <= {GOAL_FIRE_SLACK:g} s after undisturbed", f"{fire_text} (undisturbed {base_text})",
          fire_ok),
-        ("daemon RSS < 1 GiB", f"{rss_d:.0f} MiB", rss_d < GOAL_RSS_MIB),
+        ("daemon memory (PSS of its processes) < 1 GiB", f"{rss_d:.0f} MiB", rss_d < GOAL_RSS_MIB),
         ("gateway RSS < 1 GiB", f"{rss_g:.0f} MiB", rss_g < GOAL_RSS_MIB),
         (f"legit added p99 <= {p99_bound:.2f} ms, none refused",
          f"{p99:.3f} ms (undisturbed {base_p99:.3f}), {row['legit_failed']} failed",
@@ -186,6 +186,13 @@ def report_windows(rows: list[dict[str, Any]]) -> bool:
             every &= ok
             print(f"  {goal:<50} {measured:<44} {'PASS' if ok else 'FAIL'}")
         row["goals"] = {g: ok for g, _, ok in goals(row, baseline)}
+        up = row["attack"].get("second_client_up")
+        if isinstance(up, dict):
+            statuses, p99 = up["statuses"], up.get("p99_s") or 0.0
+            answered = (
+                f"{statuses.get('200', 0)} of {up['requests']} answered, {statuses.get('503', 0)} x 503"
+            )
+            print(f"  {'second client asking `up` (info)':<50} {answered}, p99 {p99:.2f} s")
         print(f"  {'what the attack saw':<50} {_attack_text(row['attack'])}")
         print(f"  {'what the daemon saw':<50} {_daemon_text(row)}")
     return every

@@ -53,10 +53,10 @@ class Context:
 
 
 # -- RSS ------------------------------------------------------------------------------------------
-def rss(pid: int, field: str = "VmRSS") -> int:
-    """A process' VmRSS (or VmHWM) in bytes; 0 if it is gone."""
+def rss(pid: int, field: str = "VmRSS", source: str = "status") -> int:
+    """A process' VmRSS (or VmHWM; or Pss from smaps_rollup) in bytes; 0 if it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/{source}").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError):
@@ -83,7 +83,8 @@ def descendants(root: int) -> set[int]:
 
 
 class RssWatch(threading.Thread):
-    """Peak RSS of the daemon's tree (gateway excluded) and of the gateway; any process of either over the
+    """Peak memory of the daemon's tree (gateway excluded; PSS, so that the query children it forks count
+    only what they do not share with it) and the gateway's RSS; any process of either whose RSS passes the
     guard is killed -9 so that the shared machine is not driven out of memory (recorded as a crash)."""
 
     def __init__(self, daemon_pid: int, gateway: int, guard: int) -> None:
@@ -102,7 +103,8 @@ class RssWatch(threading.Thread):
             rounds += 1
             sizes = {pid: rss(pid) for pid in tree}
             gw = rss(self.gateway)
-            self.peak_daemon = max(self.peak_daemon, sum(sizes.values()))
+            shared = sum(rss(pid, "Pss", "smaps_rollup") for pid in tree)
+            self.peak_daemon = max(self.peak_daemon, shared)
             self.peak_gateway = max(self.peak_gateway, gw)
             for pid, size in [*sizes.items(), (self.gateway, gw)]:
                 if size > self.guard:
@@ -115,7 +117,7 @@ class RssWatch(threading.Thread):
         self.done.set()
         self.join(5)
         return {
-            "daemon_rss_peak_mib": self.peak_daemon / MiB,
+            "daemon_pss_peak_mib": self.peak_daemon / MiB,
             "daemon_vmhwm_mib": rss(self.daemon_pid, "VmHWM") / MiB,
             "gateway_rss_peak_mib": self.peak_gateway / MiB,
             "guard_killed": self.killed,
@@ -298,8 +300,8 @@ def print_row(row: dict[str, Any]) -> None:
         flush=True,
     )
     print(
-        f"  {'':<44} RSS daemon {row['daemon_rss_peak_mib']:.0f} MiB, "
-        f"gateway {row['gateway_rss_peak_mib']:.0f} MiB; alive {row['alive']} "
+        f"  {'':<44} PSS daemon {row['daemon_pss_peak_mib']:.0f} MiB, "
+        f"RSS gateway {row['gateway_rss_peak_mib']:.0f} MiB; alive {row['alive']} "
         f"(healthz {row['healthz']}, via gateway {row['gateway_http']})",
         flush=True,
     )

@@ -15,18 +15,24 @@ Added p50/p99 in ms and requests per gateway CPU-second; the goal is added p99 u
 nothing lost in (e). The same regex query is timed against Prometheus 2.42 scraping the same 100 targets.
 
 Phases (f)-(i) send hostile input without a token, each for one window (60 s; --quick 24 s), measured
-against an undisturbed window of (b) (bench/_isolation_window.py):
-  (f) the worst query mix at the API (bench/_attack_api.py), 520 trickling connections among it;
+against an undisturbed window of (b) (bench/_isolation_window.py). Where the bench runs as root, the
+attackers run as `nobody` (another local user, as the threat model has it):
+  (f) the worst query mix at the API, 520 connections trickling a body among it, while a second client of
+      the bench's user asks `up` and polls /healthz and /metrics (bench/_attack_api.py);
   (g) 80 gateway clients with a 2 KiB receive buffer whose endless streams they never read;
-  (h) 16 (--quick 8) concurrent 16 MiB `{"messages":[{},{},...]}` bodies to the gateway;
-  (i) one of the 100 targets serves 15 new series a second with 1 MB label values and a huge body.
-Goals in each: scrapes of the healthy targets on schedule >= 95% (the daemon's own scrape counters), the
-probe alert fires at most 1 s later than undisturbed, daemon and gateway RSS below 1 GiB, legitimate gateway
-requests (with a token) within the added-p99 goal and none refused, and nothing crashed (processes there,
-/healthz 200, the gateway answering with the same pid). A process past --rss-guard-mib is killed -9 (and
-counts as crashed) so that the bench cannot drive a shared machine out of memory. (b) always runs when any
-phase from (b) on is asked for: it is the reference. Every phase is bounded in count and time; everything
-listens on 127.0.0.1 and is stopped at the end, also after a failure.
+  (h) 16 (--quick 8) concurrent 16 MiB `{"messages":[{},{},...]}` bodies to the gateway (both
+      bench/_attack_gateway.py);
+  (i) one of the 100 targets serves 15 new series a second with 1 MB label values, a 10,000-label series
+      and every third scrape 64 MiB without a length (bench/_hostile_servers.py).
+Goals in each: scrapes of the healthy targets on schedule >= 95% (the daemon's own scrape counters); a probe
+alert (true 8 s of every 10 s) fires at most 1 s later than undisturbed; the daemon's memory (PSS of its
+processes: the query children it forks share its pages) and the gateway's RSS below 1 GiB; legitimate
+gateway requests (with a token, one pair every 10 ms) added p99 under 2.5 ms or within 1 ms of the
+undisturbed window's, none refused; nothing crashed (processes there, /healthz 200, the gateway answering
+with the same pid). A process past --rss-guard-mib is killed -9 (and counts as crashed) so that the bench
+cannot drive a shared machine out of memory. (b) runs whenever a phase from (b) on is asked for: it is the
+reference. Every phase is bounded in count and time; everything listens on 127.0.0.1 and is stopped at the
+end, also after a failure.
 """
 
 from __future__ import annotations
@@ -58,12 +64,12 @@ from _isolation_daemon import (
     with_group_gone,
 )
 from _isolation_phases import phase_f, phase_g, phase_h, phase_i, report_windows
+from _isolation_regex import PATHOLOGICAL, hammer, prometheus_query
 from _isolation_window import Context, measure
 from gateway import free_port, run, stop, wait_http
-from scrape import FIXTURE, PROMETHEUS, free_ports, start_targets
+from scrape import FIXTURE, free_ports, start_targets
 
 GOAL_P99 = 2.5  # ms added at p99
-PATHOLOGICAL = '{__name__=~"(.+)+Q"}'  # exponential on a backtracking engine, linear on RE2
 STREAMS = 16
 ALL_PHASES = "abcdefghi"
 
@@ -119,51 +125,6 @@ def latency(plan: Plan, up: int, gw: int, gw_pid: int, label: str) -> dict[str, 
         flush=True,
     )
     return row
-
-
-def hammer(api: int, stop_event: threading.Event, timings: list[float]) -> None:
-    """Pathological API requests back to back until told to stop (each bounded by a 60 s timeout)."""
-    with httpx.Client(timeout=60) as client:
-        while not stop_event.is_set():
-            t0 = time.perf_counter()
-            with contextlib.suppress(httpx.HTTPError):
-                client.get(f"http://127.0.0.1:{api}/api/v1/series", params={"match[]": PATHOLOGICAL})
-            timings.append(time.perf_counter() - t0)
-
-
-def prometheus_query(tmp: Path, tports: list[int]) -> dict[str, Any]:
-    """Prometheus 2.42 scraping the same targets; the time of the same series query (median of 5)."""
-    if not Path(PROMETHEUS).exists():
-        return {"error": f"{PROMETHEUS} missing (scripts/setup.sh installs it)"}
-    port = free_port()
-    static = [{"targets": [f"127.0.0.1:{p}" for p in tports]}]
-    cfg = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "vllm", "static_configs": static}],
-    }
-    (tmp / "prometheus.yml").write_text(json.dumps(cfg))
-    argv = [
-        PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/tsdb",
-        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-    ]  # fmt: skip
-    with (tmp / "prometheus.log").open("ab") as out:
-        prom = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", 60, prom)
-        time.sleep(4)  # a few scrapes
-        return {"seconds": _median_query(f"http://127.0.0.1:{port}")}
-    finally:
-        stop(prom)
-
-
-def _median_query(base: str) -> float:
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        resp = httpx.get(base + "/api/v1/series", params={"match[]": PATHOLOGICAL}, timeout=120)
-        times.append(time.perf_counter() - t0)
-        resp.raise_for_status()
-    return sorted(times)[len(times) // 2]
 
 
 def streams_across_kill(plan: Plan, gw: int, daemon: subprocess.Popen[bytes]) -> dict[str, Any]:
@@ -242,10 +203,15 @@ class Bench:
             with contextlib.suppress(Exception):
                 with_group_gone(d)
         for proc in reversed(self.procs):
-            with contextlib.suppress(ProcessLookupError):  # not a group leader (nginx): end it directly
+            try:
                 stop(proc)
-            if proc.poll() is None:
-                proc.kill()
+            except ProcessLookupError:  # not a group leader (nginx): SIGTERM, so that it ends its workers
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()  # (a killed nginx master leaves its workers behind)
+                    proc.wait(10)
         self.receiver.close()
 
 
