@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -51,6 +51,12 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = "not found" if exc.status_code == 404 else str(exc.detail).lower()
     return error_response(exc.status_code, message, **(exc.headers or {}))
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """A client that closed before its body arrived: nobody reads the answer, and no traceback is logged (a
+    flood of dropped uploads would otherwise write one per connection)."""
+    return error_response(400, "client closed the connection before its request body arrived")
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ def build_app(options: ApiOptions) -> Starlette:
         ],
         exception_handlers={
             BadRequest: bad_request,
+            ClientDisconnect: client_gone,
             ChannelError: gateway_unreachable,
             HTTPException: http_error,
         },
