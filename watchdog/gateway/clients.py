@@ -5,11 +5,17 @@ client does not read: a client that never reads would hold its admission slot, a
 behind it, forever. `ClientWriter` gives each such wait `write_timeout`; past it the connection is aborted (a
 plain close would wait for the buffer to drain, which never happens) and `ClientStalled` is raised, so that
 the proxy closes the upstream response (vLLM stops generating) and frees the slot.
+
+The kernel's send buffer comes first: Linux grows it up to 4 MiB (net.ipv4.tcp_wmem) even toward a client
+that reads nothing, which a slow stream takes minutes to fill before the write buffer sees any of it. Each
+client connection's send buffer is therefore fixed at `SEND_BUFFER` (the kernel doubles it), which still
+carries a loopback or LAN connection at full speed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -21,6 +27,7 @@ except ImportError:  # httptools (the C parser) is optional; h11 is pure Python 
     from uvicorn.protocols.http.h11_impl import H11Protocol as HttpProtocol  # type: ignore[assignment]
 
 Peer = tuple[str, int]
+SEND_BUFFER = 128 * 1024  # bytes; a client that stops reading stalls a send once about this much is unread
 
 
 class ClientStalled(Exception):
@@ -52,6 +59,9 @@ class ClientTransports:
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 super().connection_made(transport)
                 table.add(transport)
+                sock = transport.get_extra_info("socket")
+                if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
 
             def connection_lost(self, exc: Exception | None) -> None:
                 table.discard(self.transport)
