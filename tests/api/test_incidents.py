@@ -136,5 +136,5 @@ async def test_hostile_bundles_fail_alone_and_the_good_one_still_lists(
         zeros = await c.get(base + "/api/v1/incidents/zeros-1")
         assert zeros.status_code == 404 and "holds 67108864 bytes, more than the 8388608 read" in zeros.text
         deep = (await c.get(base + "/api/v1/incidents/deep-1")).json()["data"]
-        assert deep["manifest"] == {"error": "not JSON: nested deeper than 32 levels"}
+        assert deep["manifest"] == {"error": "manifest.json: nested deeper than 32 levels"}
         assert (await c.get(base + "/api/v1/incidents/good-1")).json()["data"]["outcome"] is None

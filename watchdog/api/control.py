@@ -25,9 +25,10 @@ from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
 from ..fleet.etcd import EtcdError
 from ..gateway.handle import GatewayControl
+from ..jsontext import parse
 from ..redact import Redactor
 from .inbound import BadRequest, inbound_alerts, rfc3339, silence_matchers, string_field
-from .jsonbodies import JSONAnswer, parse
+from .jsonbodies import JSONAnswer
 from .promjson import ERROR_STATUS
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused

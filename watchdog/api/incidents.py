@@ -53,7 +53,7 @@ def incident_routes(remediator: Remediator, answer: Callable[[Any], Response]) -
         except BundleError as exc:
             return error_response(404, str(exc))
         files = contents.files
-        manifest = _json(files.get(MANIFEST))
+        manifest = _json(files.get(MANIFEST), MANIFEST)
         action_id = headline(manifest).action_id if isinstance(manifest, dict) else None
         record = remediator.store.by_id(action_id) if action_id is not None else None
         data: dict[str, Any] = {
@@ -64,7 +64,7 @@ def incident_routes(remediator: Remediator, answer: Callable[[Any], Response]) -
             "summary": summary(files, record),
         }
         for name in _JSON_FILES:
-            data[name.removesuffix(".json")] = _json(files.get(name))
+            data[name.removesuffix(".json")] = _json(files.get(name), name)
         for name in _TEXT_FILES:
             raw = files.get(name)
             data[name.removesuffix(".txt")] = None if raw is None else _text(raw)
@@ -99,15 +99,15 @@ def _list(bundles: Bundles, limit: int) -> list[dict[str, Any]]:
     return out
 
 
-def _json(raw: bytes | None) -> Any:
+def _json(raw: bytes | None, name: str) -> Any:
     if raw is None:
         return None
     if len(raw) > MAX_SHOWN:
         return {"error": f"{len(raw)} bytes: larger than the {MAX_SHOWN} shown here"}
     try:
-        return load_json(raw)
+        return load_json(raw, name=name)
     except ValueError as exc:
-        return {"error": f"not JSON: {exc}"[:300]}
+        return {"error": str(exc)[:300]}
 
 
 def _text(raw: bytes) -> list[str]:

@@ -11,11 +11,12 @@ from datetime import datetime, timezone
 from typing import TextIO
 
 from ..actions.incidents.bundle import MANIFEST, BundleError, Bundles, load_json
-from ..actions.incidents.summary import FRAMES, LOG_LINES, SUMMARY_FILES, headline, shown, summary
+from ..actions.incidents.summary import FRAMES, LOG_LINES, SUMMARY_FILES, headline, summary
 from ..actions.records import ActionRecord
 from ..actions.state import ACTIONS_DB, ActionStore
 from ..config.model import Config
 from ..exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ..safetext import shown
 
 
 def _outcome(state_dir: str, action_id: int | None) -> ActionRecord | None:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..safetext import shown
 from .etcd import EtcdClient
 
 MAX_MEMBERS = 4096
@@ -38,7 +39,7 @@ def cell(value: Any) -> str:
         text = ", ".join(cell(v) for v in value)
     else:
         text = str(value)
-    text = "".join(c if c.isprintable() else "?" for c in text)
+    text = shown(text, keep="")
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
-import json
 import os
 import tarfile
 import time
@@ -23,6 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...jsontext import parse
 from ...statehealth import private_dir
 
 INCIDENTS_DIR = "incidents"
@@ -205,30 +205,19 @@ class Bundles:
         if raw is None:
             raise BundleError(f"incident {incident_id!r} has no {MANIFEST}")
         try:
-            doc = load_json(raw, self.limits.json_depth)
+            doc = load_json(raw, self.limits.json_depth, MANIFEST)
         except ValueError as exc:
-            raise BundleError(f"incident {incident_id!r}: {MANIFEST}: {exc}") from None
+            raise BundleError(f"incident {incident_id!r}: {exc}") from None
         if not isinstance(doc, dict):
             raise BundleError(f"incident {incident_id!r}: {MANIFEST} is not an object")
         return doc
 
 
-def load_json(raw: bytes, max_depth: int = ReadLimits.json_depth) -> Any:
-    """A bundle file's JSON, nested at most `max_depth` levels; ValueError if it is not JSON or nests deeper
-    (json recurses once per level: 200k levels end in RecursionError, a few hundred in answers that the
-    API's encoders recurse over again)."""
-    try:
-        value = json.loads(raw)
-    except RecursionError:
-        raise ValueError(f"nested deeper than {max_depth} levels") from None
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= max_depth:
-                raise ValueError(f"nested deeper than {max_depth} levels")
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return value
+def load_json(raw: bytes, max_depth: int = ReadLimits.json_depth, name: str = "bundle file") -> Any:
+    """A bundle file's JSON (`name` begins the error), nested at most `max_depth` levels and valid Unicode; ValueError if not (json
+    recurses once per level: 200k levels end in RecursionError, a few hundred in answers that the API's
+    encoders recurse over again)."""
+    return parse(raw, max_depth, root=name)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...safetext import shown
 from ..records import ActionRecord
 from .bundle import MANIFEST, load_json
 
@@ -26,15 +27,6 @@ SUMMARY_FILES = (MANIFEST, "processes.json", "stacks.json", "gpu.json", "log.txt
 
 _INT64 = 1 << 63  # an action id beyond SQLite's integers is no audit row (and would raise there)
 _LAST_TIME = 253402300800.0  # 10000-01-01: a later created_at cannot be shown as a date
-
-
-def shown(text: str) -> str:
-    """`text` with each character a terminal would act on written as `?`: C0 and C1 controls (ESC begins
-    every escape sequence; 0x9b is a one-byte CSI), DEL, format characters such as bidi overrides, line and
-    paragraph separators, lone surrogates. Tabs stay. What a bundle holds is shown, never obeyed."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
 
 
 def _load(files: Mapping[str, bytes], name: str) -> Any:
