@@ -214,9 +214,9 @@ class Bundles:
 
 
 def load_json(raw: bytes, max_depth: int = ReadLimits.json_depth, name: str = "bundle file") -> Any:
-    """A bundle file's JSON (`name` begins the error), nested at most `max_depth` levels and valid Unicode; ValueError if not (json
-    recurses once per level: 200k levels end in RecursionError, a few hundred in answers that the API's
-    encoders recurse over again)."""
+    """A bundle file's JSON, nested at most `max_depth` levels and valid Unicode; ValueError, beginning with
+    `name`, if not (json recurses once per level: 200k levels end in RecursionError, a few hundred in answers
+    that the API's encoders recurse over again)."""
     return parse(raw, max_depth, root=name)
 
 
