@@ -365,7 +365,7 @@ class ListenerCollector(Collector):
         )
         yield CounterMetricFamily(
             self.prefix + "connections_evicted",
-            "Idle or header-sending connections closed to make room for a new one at the connection cap.",
+            "Idle connections, and connections still sending a request, closed to make room at the connection cap.",
             value=listener.evicted,
         )
         refused = CounterMetricFamily(
