@@ -25,9 +25,9 @@ from pathlib import Path
 from vllm_watchdog.config.model import bundled_rules_dir
 from vllm_watchdog.promql.engine import Engine, vector_query
 from vllm_watchdog.ruler.files import load_rule_files, store_needs
-from vllm_watchdog.ruler.groups import RuleManager
-from vllm_watchdog.sources.monitor import ALWAYS_KEPT
+from vllm_watchdog.ruler.groups import RuleManager, RuleManagerOptions
 from vllm_watchdog.sources.scrape import ScrapeTarget
+from vllm_watchdog.sources.storeneeds import ALWAYS_KEPT
 from vllm_watchdog.store import SampleStore, make_labels
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt"
@@ -93,7 +93,7 @@ def bench(n_targets: int, cycles: int, static: bool) -> None:
     store, now, scrape = build(n_targets, history, t0)
     built = time.perf_counter() - started
     engine = Engine(store)
-    manager = RuleManager(groups, vector_query(engine), store, default_interval=1.0)
+    manager = RuleManager(groups, RuleManagerOptions(vector_query(engine), store, default_interval=1.0))
     walls, cpus = [], []
     for i in range(cycles):
         at = now + i * 1.0

@@ -50,7 +50,7 @@ from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.promql.engine import Engine, vector_query
 from vllm_watchdog.promtool.testfile import parse_test_file
 from vllm_watchdog.ruler.files import history_needed, load_rule_files, parse_rule_file, store_needs
-from vllm_watchdog.ruler.groups import RuleManager
+from vllm_watchdog.ruler.groups import RuleManager, RuleManagerOptions
 from vllm_watchdog.store import SampleStore, make_labels
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,7 +378,9 @@ def run_rules(groups: Any) -> None:
         for rule in group.rules:
             assert history_needed(rule.expr) >= 0
     store = _store_for(groups)
-    manager = RuleManager(groups, vector_query(Engine(store)), store, default_interval=1.0)
+    manager = RuleManager(
+        groups, RuleManagerOptions(vector_query(Engine(store)), store, default_interval=1.0)
+    )
     for t in (T0, T0 + 600):
         manager.evaluate_all(t)
         manager.alerts_to_send(t)

@@ -23,7 +23,7 @@ from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.promql.engine import Engine, vector_query
 from vllm_watchdog.ruler.evaluation import RuleEvaluation
 from vllm_watchdog.ruler.files import load_rule_files, parse_rule_file
-from vllm_watchdog.ruler.groups import RuleManager
+from vllm_watchdog.ruler.groups import RuleManager, RuleManagerOptions
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.store import SampleStore, make_labels
@@ -318,7 +318,9 @@ def test_rules_sharing_results_within_a_group_decide_as_rules_that_do_not() -> N
     groups = load_rule_files(config.rule_files)
     stores = SampleStore(900.0), SampleStore(900.0)
     ev = RuleEvaluation(config, groups, stores[0])
-    plain = RuleManager(groups, vector_query(Engine(stores[1])), stores[1], default_interval=1.0)
+    plain = RuleManager(
+        groups, RuleManagerOptions(vector_query(Engine(stores[1])), stores[1], default_interval=1.0)
+    )
     scrapers = [
         [
             ScrapeTarget(

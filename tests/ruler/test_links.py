@@ -10,7 +10,7 @@ from vllm_watchdog.config.model import DEFAULT_RUNBOOK_BASE_URL, parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.alertmanager import postable_alert
-from vllm_watchdog.ruler.evaluation import RuleEvaluation
+from vllm_watchdog.ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
 from vllm_watchdog.ruler.files import load_rule_files
 from vllm_watchdog.store import SampleStore, make_labels
 
@@ -42,7 +42,10 @@ def _sent(tmp_path: Path, config_text: str) -> dict[str, OutgoingAlert]:
     store.append(make_labels("vllm:num_requests_waiting", labels), int(NOW * 1000), 5.0)
     sent: list[OutgoingAlert] = []
     ev = RuleEvaluation(
-        config, load_rule_files(config.rule_files), store, on_alerts=lambda a, now: sent.extend(a)
+        config,
+        load_rule_files(config.rule_files),
+        store,
+        RuleEvaluationOptions(on_alerts=lambda a, now: sent.extend(a)),
     )
     ev.after_scrape(NOW)
     return {a.labels["alertname"]: a for a in sent}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tests.support.clock import T0
 from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector, to_ms
 from vllm_watchdog.ruler.files import RuleGroup, parse_rule_file
-from vllm_watchdog.ruler.groups import RuleManager
+from vllm_watchdog.ruler.groups import RuleManager, RuleManagerOptions
 from vllm_watchdog.store import SampleStore, is_stale, make_labels
 
 
@@ -63,11 +64,13 @@ def manager(
 ) -> RuleManager:
     return RuleManager(
         groups(text),
-        store_query(store),
-        store,
-        default_interval=60.0,
-        state_path=state_path,
-        state_heartbeat=state_heartbeat,
+        RuleManagerOptions(
+            store_query(store),
+            store,
+            default_interval=60.0,
+            state_path=state_path,
+            state_heartbeat=state_heartbeat,
+        ),
     )
 
 
@@ -146,9 +149,9 @@ def test_scalar_result_is_recorded_without_labels() -> None:
     store = SampleStore(retention=3600)
     m = RuleManager(
         groups("groups: [{name: s, rules: [{record: one, expr: '1'}]}]"),
-        lambda expr, at: Vector([Sample((), 1.0, to_ms(at))]),
-        store,
-        default_interval=10.0,
+        RuleManagerOptions(
+            lambda expr, at: Vector([Sample((), 1.0, to_ms(at))]), store, default_interval=10.0
+        ),
     )
     m.evaluate_all(T0)
     assert newest(store, "one") == 1.0
@@ -231,7 +234,8 @@ def test_update_changes_default_interval_and_stales_removed_rules_and_groups() -
     assert newest(store, "copy", instance="a") == 1.0
     # Drop the recording rule of g and the whole group "other".
     m.update(
-        groups(RULES.replace("labels: {source: rule}", "labels: {source: rule2}")), default_interval=30.0
+        groups(RULES.replace("labels: {source: rule}", "labels: {source: rule2}")),
+        replace(m.options, default_interval=30.0),
     )
     assert m.interval(("rules.yml", "g")) == 30.0 and m.group_keys() == [("rules.yml", "g")]
     m.evaluate_group(("rules.yml", "g"), T0 + 30)
@@ -493,7 +497,7 @@ groups:
         annotations: {summary: "{{ $labels.job }}"}
 """
     query = engine_mod.vector_query(engine_mod.Engine(store))
-    m = RuleManager(groups(text), query, store, default_interval=15.0)
+    m = RuleManager(groups(text), RuleManagerOptions(query, store, default_interval=15.0))
     m.evaluate_all(T0 + 75)
     rate = newest(store, "job:http_requests:rate1m", job="api")
     assert rate is not None and rate == pytest.approx(10.0 / 15.0)
@@ -507,14 +511,20 @@ def test_restored_alert_waits_for_history_before_resolving(tmp_path: Path) -> No
     )
     hits = Vector([Sample((("instance", "a"),), 1.0, 0)])
     state = tmp_path / "alerts.json"
-    first = RuleManager(groups, lambda e, t: hits, SampleStore(600), default_interval=1.0, state_path=state)
+    first = RuleManager(
+        groups,
+        RuleManagerOptions(lambda e, t: hits, SampleStore(600), default_interval=1.0, state_path=state),
+    )
     (key,) = first.group_keys()
     first.evaluate_group(key, 1000.0)
     ((_, alert),) = first.active_alerts()
     assert str(alert.state) == "firing"
 
     empty = Vector()
-    again = RuleManager(groups, lambda e, t: empty, SampleStore(600), default_interval=1.0, state_path=state)
+    again = RuleManager(
+        groups,
+        RuleManagerOptions(lambda e, t: empty, SampleStore(600), default_interval=1.0, state_path=state),
+    )
     again.evaluate_group(key, 1010.0)
     ((_, held),) = again.active_alerts()
     assert str(held.state) == "firing" and held.active_at == alert.active_at

@@ -24,7 +24,7 @@ from ..notifiers.alert import OutgoingAlert
 from ..promql.engine import Engine, vector_query
 from ..ruler.alerting import AlertState
 from ..ruler.files import RuleGroup, store_needs
-from ..ruler.groups import GroupKey, RuleManager, key_name
+from ..ruler.groups import GroupKey, RuleManager, RuleManagerOptions, key_name
 from ..scrapelog import (
     ForgetRecord,
     GpuRecord,
@@ -94,11 +94,13 @@ class Replayer:
         engine = Engine(self.store, lookback=g.lookback_delta, default_step=g.evaluation_interval)
         self.manager = RuleManager(
             groups,
-            vector_query(engine),
-            self.store,
-            default_interval=g.evaluation_interval,
-            external_labels=g.external_labels,
-            state_path=None,
+            RuleManagerOptions(
+                vector_query(engine),
+                self.store,
+                g.evaluation_interval,
+                external_labels=g.external_labels,
+                state_path=None,
+            ),
         )
         self.dispatch = dispatch
         self.stats = ReplayStats()

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote_plus, urljoin
 
 from ..notifiers.alert import OutgoingAlert
-from ..promql.values import QueryError, QueryFunc
+from ..promql.values import QueryError, QueryFunc, Sample, Vector
 from ..store import Labels
 from ..templates.gostrconv import format_float, go_number
 from ..templates.gotime import rfc3339
@@ -141,7 +141,16 @@ class AlertingRule:
         Raises QueryError (or PromQLError) with the alert state untouched when the query fails or two results
         share a label set; clears every alert and raises when more than `limit` alerts are active.
         """
-        vector = query(self.rule.expr, ts / 1000)
+        fresh = self._results(query(self.rule.expr, ts / 1000), ts)
+        self._take(fresh)
+        out, live = self._advance(fresh, ts)
+        if limit > 0 and live > limit:
+            self.active = {}
+            raise QueryError(f"exceeded limit of {limit} with {live} alerts")
+        return out
+
+    def _results(self, vector: Vector, ts: int) -> dict[Labels, Alert]:
+        """A pending alert for each sample of the result, by its label set (Prometheus' first loop)."""
         templates = [*self.label_templates.values(), *self.annotation_templates.values()]
         if self._expanded_with != (self.external_labels, self.external_url):
             self._expanded_with = (dict(self.external_labels), self.external_url)
@@ -149,21 +158,29 @@ class AlertingRule:
                 template.forget()
         fresh: dict[Labels, Alert] = {}
         for sample in vector:
-            labels, series = sample.labels, dict(sample.labels)
-            pairs = {k: v for k, v in labels if k != "__name__"}
-            for name, value in self._expand(self.label_templates, labels, series, sample.value).items():
-                _set(pairs, name, value)
-            pairs["alertname"] = self.name
-            annotations = self._expand(self.annotation_templates, labels, series, sample.value)
-            if self.runbook_base and "runbook_url" in annotations:
-                annotations["runbook_url"] = resolve_runbook(self.runbook_base, annotations["runbook_url"])
-            key: Labels = tuple(sorted(pairs.items()))
-            if key in fresh:
+            alert = self._alert_of(sample, ts)
+            if alert.labels in fresh:
                 raise QueryError("vector contains metrics with the same labelset after applying alert labels")
-            fresh[key] = Alert(key, annotations, AlertState.PENDING, sample.value, active_at=ts)
+            fresh[alert.labels] = alert
         for template in templates:
             template.next_evaluation()
+        return fresh
 
+    def _alert_of(self, sample: Sample, ts: int) -> Alert:
+        """The alert one sample stands for: its labels with the rule's templated ones and alertname set."""
+        labels, series = sample.labels, dict(sample.labels)
+        pairs = {k: v for k, v in labels if k != "__name__"}
+        for name, value in self._expand(self.label_templates, labels, series, sample.value).items():
+            _set(pairs, name, value)
+        pairs["alertname"] = self.name
+        annotations = self._expand(self.annotation_templates, labels, series, sample.value)
+        if self.runbook_base and "runbook_url" in annotations:
+            annotations["runbook_url"] = resolve_runbook(self.runbook_base, annotations["runbook_url"])
+        key: Labels = tuple(sorted(pairs.items()))
+        return Alert(key, annotations, AlertState.PENDING, sample.value, active_at=ts)
+
+    def _take(self, fresh: dict[Labels, Alert]) -> None:
+        """An alert already active takes the new value and annotations; any other becomes active."""
         for key, alert in fresh.items():
             existing = self.active.get(key)
             if existing is not None and existing.state != AlertState.INACTIVE:
@@ -172,6 +189,8 @@ class AlertingRule:
             else:
                 self.active[key] = alert
 
+    def _advance(self, fresh: dict[Labels, Alert], ts: int) -> tuple[list[tuple[Labels, float]], int]:
+        """Move every held alert on at ts; return the series of those still active and how many they are."""
         out: list[tuple[Labels, float]] = []
         live = 0
         for key, alert in list(self.active.items()):
@@ -182,35 +201,39 @@ class AlertingRule:
                 out.extend(self.series(alert))
                 continue
             if key not in fresh:
-                keep_firing = False
-                if alert.state == AlertState.FIRING and self.keep_firing_ms > 0:
-                    if alert.keep_firing_since is None or ts < alert.keep_firing_since:
-                        alert.keep_firing_since = ts  # (later than ts: the wall clock went back)
-                    keep_firing = ts - alert.keep_firing_since < self.keep_firing_ms
-                # A pending alert that clears is forgotten; a resolved one is kept for a while to be re-sent.
-                if alert.state == AlertState.PENDING or (
-                    alert.resolved_at is not None and ts - alert.resolved_at > RESOLVED_RETENTION_MS
-                ):
-                    del self.active[key]
-                if alert.state != AlertState.INACTIVE and not keep_firing:
-                    alert.state = AlertState.INACTIVE
-                    alert.resolved_at = ts
-                if not keep_firing:
+                if not self._absent(key, alert, ts):
                     continue
             else:
                 alert.keep_firing_since = None
             live += 1
-            if alert.state == AlertState.PENDING and ts < alert.active_at:
-                alert.active_at = ts  # the wall clock went back: `for` counts from now, not from the future
-            if alert.state == AlertState.PENDING and ts - alert.active_at >= self.hold_ms:
-                alert.state = AlertState.FIRING
-                alert.fired_at = ts
+            self._hold(alert, ts)
             out.extend(self.series(alert))
+        return out, live
 
-        if limit > 0 and live > limit:
-            self.active = {}
-            raise QueryError(f"exceeded limit of {limit} with {live} alerts")
-        return out
+    def _absent(self, key: Labels, alert: Alert, ts: int) -> bool:
+        """An alert the expression no longer returns: resolve it, or keep it firing for keep_firing_for
+        (then True). A pending one is forgotten; a resolved one is kept for a while to be re-sent."""
+        keep_firing = False
+        if alert.state == AlertState.FIRING and self.keep_firing_ms > 0:
+            if alert.keep_firing_since is None or ts < alert.keep_firing_since:
+                alert.keep_firing_since = ts  # (later than ts: the wall clock went back)
+            keep_firing = ts - alert.keep_firing_since < self.keep_firing_ms
+        if alert.state == AlertState.PENDING or (
+            alert.resolved_at is not None and ts - alert.resolved_at > RESOLVED_RETENTION_MS
+        ):
+            del self.active[key]
+        if alert.state != AlertState.INACTIVE and not keep_firing:
+            alert.state = AlertState.INACTIVE
+            alert.resolved_at = ts
+        return keep_firing
+
+    def _hold(self, alert: Alert, ts: int) -> None:
+        """A pending alert held for `for` fires."""
+        if alert.state == AlertState.PENDING and ts < alert.active_at:
+            alert.active_at = ts  # the wall clock went back: `for` counts from now, not from the future
+        if alert.state == AlertState.PENDING and ts - alert.active_at >= self.hold_ms:
+            alert.state = AlertState.FIRING
+            alert.fired_at = ts
 
     def series(self, alert: Alert) -> list[tuple[Labels, float]]:
         """The ALERTS (value 1) and ALERTS_FOR_STATE (ActiveAt in whole seconds) series of an active alert."""

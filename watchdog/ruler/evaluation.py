@@ -17,7 +17,7 @@ from ..promql.values import QueryError, QueryFunc, Vector
 from ..store import SampleStore
 from .alerting import ALERT_METRIC, FOR_STATE_METRIC
 from .files import RuleGroup
-from .groups import RuleManager
+from .groups import RuleManager, RuleManagerOptions
 
 if TYPE_CHECKING:
     from ..promql.remote import PrometheusBackend
@@ -39,6 +39,25 @@ def _key_name(key: tuple[str, str]) -> str:
     return f"{key[0]};{key[1]}"
 
 
+def _always() -> bool:
+    return True
+
+
+def _discard(alerts: list[OutgoingAlert], now: float) -> None:
+    """No one to hand alerts to: the outbox is still drained, as a notifier would."""
+
+
+@dataclass(frozen=True)
+class RuleEvaluationOptions:
+    """What the daemon hands a RuleEvaluation, every field set at construction: its monotonic clock, whether
+    the first scrapes have landed (`ready`), and who takes the alerts to send (`on_alerts`: notifiers and
+    routes; firing, re-sent and resolved alerts with the evaluation time)."""
+
+    monotonic: Callable[[], float] = time.perf_counter
+    ready: Callable[[], bool] = _always
+    on_alerts: Callable[[list[OutgoingAlert], float], None] = _discard
+
+
 class RuleEvaluation:
     """Owns the query backend and the alert state of the current rule groups."""
 
@@ -47,63 +66,39 @@ class RuleEvaluation:
         config: Config,
         groups: tuple[RuleGroup, ...],
         store: SampleStore,
-        *,
-        monotonic: Callable[[], float] = time.perf_counter,
-        ready: Callable[[], bool] = lambda: True,
-        on_alerts: Callable[[list[OutgoingAlert], float], None] | None = None,
+        options: RuleEvaluationOptions = RuleEvaluationOptions(),
     ) -> None:
         self.store = store
-        self.on_alerts = on_alerts  # alerts to send (firing, re-sent, resolved): notifiers and routes
-        self.ready = ready
+        self.options = options
+        self.monotonic = options.monotonic
         self.started = False
-        self.monotonic = monotonic
         self.stats = EvaluationStats()
         self.last_eval: dict[tuple[str, str], float] = {}
         self.last_trigger: dict[tuple[str, str], float] = {}  # scraped_at of the scrape that last set it off
         self.config = config
         self.groups = groups
         self._written = _outputs(groups)
-        self.engine = Engine(
-            store,
-            lookback=config.global_.lookback_delta,
-            default_step=config.global_.evaluation_interval,
-        )
+        self.engine = _engine(store, config)
         self.remote = _remote(config)
         state = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         if state is None:
             log.warning("no state_dir: pending and firing alerts will not survive a restart")
-        self.manager = RuleManager(
-            groups,
-            vector_query(self.engine),
-            store,
-            default_interval=config.global_.evaluation_interval,
-            external_labels=config.global_.external_labels,
-            external_url=config.web_external_url,
-            runbook_base=config.runbook_base_url,
-            state_path=state,
-        )
+        self.manager = RuleManager(groups, _manager_options(config, self.engine, store, state))
 
     def apply(self, config: Config, groups: tuple[RuleGroup, ...]) -> None:
         """Take a reloaded config; alert state carries over to rules that stay the same."""
-        self.engine = Engine(
-            self.store,
-            lookback=config.global_.lookback_delta,
-            default_step=config.global_.evaluation_interval,
-        )
+        self.engine = _engine(self.store, config)
         if config.rule_backend != self.config.rule_backend:
             if self.remote is not None:
                 self.remote.close()
             self.remote = _remote(config)
         self.config, self.groups = config, groups
         self._written = _outputs(groups)
-        self.manager.update(
-            groups,
-            vector_query(self.engine),
-            config.global_.evaluation_interval,
-            external_labels=config.global_.external_labels,
-            external_url=config.web_external_url,
-            runbook_base=config.runbook_base_url,
-        )
+        self.manager.update(groups, _manager_options(config, self.engine, self.store, None))
+
+    def state_write_errors(self) -> dict[str, int]:
+        """Failed writes of the alert state file, by its name in state_dir."""
+        return {STATE_FILE: self.manager.persistence_errors}
 
     def group_keys(self) -> list[tuple[str, str]]:
         """(file, name) of every group, in file order."""
@@ -157,7 +152,7 @@ class RuleEvaluation:
     def _evaluate_embedded(self, key: tuple[str, str], now: float) -> None:
         if not self.started:
             # Right after start-up the store is empty: evaluating now would resolve every restored alert.
-            if not self.ready():
+            if not self.options.ready():
                 return
             self.started = True
         start = self.monotonic()
@@ -167,8 +162,7 @@ class RuleEvaluation:
 
     def _done(self, key: tuple[str, str], now: float, start: float) -> None:
         self.last_eval[key] = now
-        if self.on_alerts is not None:
-            self.on_alerts(self.manager.alerts_to_send(now), now)
+        self.options.on_alerts(self.manager.alerts_to_send(now), now)
         name = _key_name(key)
         self.stats.evaluations[name] = self.stats.evaluations.get(name, 0) + 1
         self.stats.last_duration[name] = self.monotonic() - start
@@ -189,6 +183,27 @@ class RuleEvaluation:
 
         results = await asyncio.gather(*(one(e) for e in exprs))
         return dict(zip(exprs, results, strict=True))
+
+
+def _engine(store: SampleStore, config: Config) -> Engine:
+    g = config.global_
+    return Engine(store, lookback=g.lookback_delta, default_step=g.evaluation_interval)
+
+
+def _manager_options(
+    config: Config, engine: Engine, store: SampleStore, state: Path | None
+) -> RuleManagerOptions:
+    """The RuleManager's options from a config (on reload, the state file's fields are not read)."""
+    g = config.global_
+    return RuleManagerOptions(
+        vector_query(engine),
+        store,
+        g.evaluation_interval,
+        external_labels=g.external_labels,
+        external_url=config.web_external_url,
+        runbook_base=config.runbook_base_url,
+        state_path=state,
+    )
 
 
 def _outputs(groups: tuple[RuleGroup, ...]) -> frozenset[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -217,34 +217,38 @@ class _Retired:
     stale_at: int | None = None
 
 
+@dataclass(frozen=True)
+class RuleManagerOptions:
+    """How a RuleManager evaluates, links and keeps its alerts, as Prometheus' rules.ManagerOptions: every
+    field set at construction. A reload (`RuleManager.update`) takes a new query, default interval, external
+    labels and URL and runbook base; the state file's settings and the clock stay those it started with."""
+
+    query: QueryFunc
+    store: SampleStore
+    default_interval: float
+    external_labels: Mapping[str, str] = field(default_factory=dict)
+    external_url: str = ""
+    runbook_base: str = ""  # a relative runbook_url annotation resolves against it
+    state_path: Path | None = None  # None: alert state does not survive a restart
+    resend_delay: float = 60.0
+    outage_tolerance: float = OUTAGE_TOLERANCE
+    for_grace_period: float = FOR_GRACE_PERIOD
+    state_heartbeat: float = 60.0
+    clock: Callable[[], float] = time.perf_counter
+
+    def links(self) -> tuple[dict[str, str], str, str]:
+        """What the alerts carry and link to: a change rebuilds every group on reload."""
+        return dict(self.external_labels), self.external_url, self.runbook_base
+
+
 class RuleManager:
     """Every rule group, their alert state across reloads and restarts, and what they report."""
 
-    def __init__(
-        self,
-        groups: Sequence[RuleGroup],
-        query: QueryFunc,
-        store: SampleStore,
-        *,
-        default_interval: float,
-        external_labels: Mapping[str, str] | None = None,
-        external_url: str = "",
-        runbook_base: str = "",
-        state_path: Path | None = None,
-        resend_delay: float = 60.0,
-        outage_tolerance: float = OUTAGE_TOLERANCE,
-        for_grace_period: float = FOR_GRACE_PERIOD,
-        state_heartbeat: float = 60.0,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.query = query
-        self.store = store
-        self.default_interval = default_interval
-        self.external_labels = dict(external_labels or {})
-        self.external_url = external_url
-        self.runbook_base = runbook_base  # a relative runbook_url annotation resolves against it
-        self.resend_delay_ms = round(resend_delay * 1000)
-        self.clock = clock
+    def __init__(self, groups: Sequence[RuleGroup], options: RuleManagerOptions) -> None:
+        self.options = options
+        self.store = options.store
+        self.resend_delay_ms = round(options.resend_delay * 1000)
+        self.clock = options.clock
         self.groups: dict[GroupKey, Group] = {}
         self._failures: dict[GroupKey, int] = {}
         # Alerts to send, newest notice per label set; notices nobody collected within the resolved retention
@@ -252,10 +256,10 @@ class RuleManager:
         self._outbox: dict[tuple[tuple[str, str], ...], tuple[int, OutgoingAlert]] = {}
         self._retired: list[_Retired] = []
         self.state = StateFile(
-            state_path,
-            outage_tolerance=outage_tolerance,
-            for_grace_period=for_grace_period,
-            heartbeat=state_heartbeat,
+            options.state_path,
+            outage_tolerance=options.outage_tolerance,
+            for_grace_period=options.for_grace_period,
+            heartbeat=options.state_heartbeat,
         )
         self.update(groups)
 
@@ -265,31 +269,23 @@ class RuleManager:
         return self.state.errors
 
     def _build(self, spec: RuleGroup) -> Group:
-        interval = spec.interval if spec.interval is not None else self.default_interval
-        return Group(spec, interval, self.store, self.external_labels, self.external_url, self.runbook_base)
+        o = self.options
+        interval = spec.interval if spec.interval is not None else o.default_interval
+        return Group(spec, interval, self.store, dict(o.external_labels), o.external_url, o.runbook_base)
 
-    def update(
-        self,
-        groups: Sequence[RuleGroup],
-        query: QueryFunc | None = None,
-        default_interval: float | None = None,
-        *,
-        external_labels: Mapping[str, str] | None = None,
-        external_url: str | None = None,
-        runbook_base: str | None = None,
-    ) -> None:
-        """Replace the groups; unchanged ones keep running, changed ones take over matching rules' state."""
-        if query is not None:
-            self.query = query
-        if default_interval is not None:
-            self.default_interval = default_interval
-        rebuild = False
-        if external_labels is not None and dict(external_labels) != self.external_labels:
-            self.external_labels, rebuild = dict(external_labels), True
-        if external_url is not None and external_url != self.external_url:
-            self.external_url, rebuild = external_url, True
-        if runbook_base is not None and runbook_base != self.runbook_base:
-            self.runbook_base, rebuild = runbook_base, True
+    def update(self, groups: Sequence[RuleGroup], options: RuleManagerOptions | None = None) -> None:
+        """Replace the groups (and, from `options`, the query, default interval and links); unchanged groups
+        keep running, changed ones take over matching rules' state."""
+        rebuild = options is not None and options.links() != self.options.links()
+        if options is not None:
+            self.options = replace(
+                self.options,
+                query=options.query,
+                default_interval=options.default_interval,
+                external_labels=dict(options.external_labels),
+                external_url=options.external_url,
+                runbook_base=options.runbook_base,
+            )
         old, new = self.groups, {}
         for spec in groups:
             group = self._build(spec)
@@ -318,7 +314,7 @@ class RuleManager:
         group = self.groups[key]
         ts = to_ms(now)
         self.state.restore(key, group.alerting_rules(), ts)
-        outgoing, failed = group.eval(ts, query or self.query, self.resend_delay_ms, self.clock)
+        outgoing, failed = group.eval(ts, query or self.options.query, self.resend_delay_ms, self.clock)
         for alert in outgoing:
             ident = tuple(sorted(alert.labels.items()))
             self._outbox.pop(ident, None)

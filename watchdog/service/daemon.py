@@ -37,7 +37,7 @@ from ..gateway.metrics import GatewayCollector, exposition
 from ..gateway.process import process_link
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
-from ..ruler.evaluation import RuleEvaluation
+from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
 from ..ruler.files import RuleGroup
 from ..scrapelog import ScrapeLog
 from ..sdnotify import Notifier
@@ -120,9 +120,11 @@ class Daemon:
             config,
             rules,
             mon.store,
-            monotonic=self.monotonic,
-            ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
-            on_alerts=actions.on_alerts,
+            RuleEvaluationOptions(
+                monotonic=self.monotonic,
+                ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
+                on_alerts=actions.on_alerts,
+            ),
         )
         self.gateway_feed = GatewayFeed(mon.store)
         registry = CollectorRegistry(auto_describe=False)
