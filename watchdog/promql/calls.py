@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..store import Labels
 from . import labelfuncs, mathfuncs, rangefuncs
 from .aggregations import sort_vector
 from .binops import Vec, check_unique, drop_name
+from .budget import Budget
 from .compile import Call, Node, Paren, RangeSel, Sel, Subquery
+from .results import Mat, Result
 from .values import QueryError
 
-if TYPE_CHECKING:
-    from .evaluator import Evaluator, Mat, Result
+
+class ArgumentEvaluator(Protocol):
+    """What a call asks of the evaluator: its arguments evaluated, and the query's budget."""
+
+    budget: Budget
+
+    def window(self, node: RangeSel, t: int) -> Mat: ...
+    def subquery(self, node: Subquery, t: int) -> Mat: ...
+    def instant(self, sel: Sel, t: int, *, with_time: bool = False) -> list[tuple[Labels, float, int]]: ...
+    def vector(self, node: Node, t: int) -> Vec: ...
+    def scalar(self, node: Node, t: int) -> float: ...
+    def string(self, node: Node) -> str: ...
+    def column_function(
+        self, name: str, node: RangeSel, t: int, summed: tuple[tuple[str, ...], bool] | None = None
+    ) -> Vec: ...
+
 
 _NO_NAME_DROP = frozenset(("last_over_time",))
 _NO_LABELS: Labels = ()
@@ -46,7 +62,7 @@ def absent_labels(node: Node) -> Labels:
     return tuple(sorted((k, v) for k, v in out.items() if v != ""))
 
 
-def _matrix_arg(ev: Evaluator, node: Node, t: int) -> Mat:
+def _matrix_arg(ev: ArgumentEvaluator, node: Node, t: int) -> Mat:
     node = _unparen(node)
     if isinstance(node, RangeSel):
         return ev.window(node, t)
@@ -55,7 +71,7 @@ def _matrix_arg(ev: Evaluator, node: Node, t: int) -> Mat:
     raise QueryError("expected a range vector argument")
 
 
-def _range_call(ev: Evaluator, node: Call, t: int) -> Vec:
+def _range_call(ev: ArgumentEvaluator, node: Call, t: int) -> Vec:
     name = node.name
     mat = _matrix_arg(ev, node.args[0] if name not in ("quantile_over_time",) else node.args[1], t)
     if name == "absent_over_time":
@@ -76,7 +92,7 @@ def _range_call(ev: Evaluator, node: Call, t: int) -> Vec:
     return out
 
 
-def _timestamp(ev: Evaluator, node: Call, t: int) -> Vec:
+def _timestamp(ev: ArgumentEvaluator, node: Call, t: int) -> Vec:
     arg = _unparen(node.args[0])
     if isinstance(arg, Sel):
         return [(drop_name(labels), ts / 1000) for labels, _, ts in ev.instant(arg, t)]
@@ -108,7 +124,7 @@ def _histogram_quantile(q: float, vec: Vec) -> Vec:
     return [(labels, mathfuncs.histogram_quantile(q, buckets)) for labels, buckets in groups.values()]
 
 
-def _label_call(ev: Evaluator, node: Call, t: int) -> Vec:
+def _label_call(ev: ArgumentEvaluator, node: Call, t: int) -> Vec:
     vec = ev.vector(node.args[0], t)
     strings = [ev.string(a) for a in node.args[1:]]
     if node.name == "label_replace":
@@ -132,7 +148,7 @@ def _label_call(ev: Evaluator, node: Call, t: int) -> Vec:
     return joined
 
 
-def _vector_call(ev: Evaluator, node: Call, t: int) -> Result:
+def _vector_call(ev: ArgumentEvaluator, node: Call, t: int) -> Result:
     name, args = node.name, node.args
     if name in mathfuncs.MATH_FUNCTIONS:
         fn = mathfuncs.MATH_FUNCTIONS[name]
@@ -179,7 +195,7 @@ def _vector_call(ev: Evaluator, node: Call, t: int) -> Result:
     raise QueryError(f"function {name!r} is not supported")
 
 
-def eval_call(ev: Evaluator, node: Node, t: int) -> Result:
+def eval_call(ev: ArgumentEvaluator, node: Node, t: int) -> Result:
     """Evaluate a function call node at time t; vector results are checked for repeated label sets."""
     if not isinstance(node, Call):
         raise QueryError(f"cannot evaluate {type(node).__name__}")

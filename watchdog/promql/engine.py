@@ -11,8 +11,9 @@ from .binops import Vec
 from .budget import MAX_SAMPLES
 from .columns import Selections
 from .compile import Call, Node, Sel, Subquery, children, compile_plan
-from .evaluator import Evaluator, Result, Shared
+from .evaluator import Evaluator, Shared
 from .functions import DATE_FUNCTIONS
+from .results import Result
 from .selectors import Selector
 from .values import Matrix, QueryError, QueryFunc, RangeSeries, Sample, Scalar, String, Value, Vector, to_ms
 

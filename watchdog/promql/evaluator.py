@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from typing import Union
 
 from ..store import Labels, Series, is_stale
 from . import binops
@@ -16,10 +15,8 @@ from .calls import eval_call
 from .columns import Selections, Window, range_function, window
 from .compile import Agg, At, Binary, Call, Neg, Node, Num, Paren, RangeSel, Sel, Str, Subquery
 from .rangefuncs import COLUMN_FUNCTIONS
+from .results import Mat, Result
 from .values import QueryError
-
-Mat = list[Window]
-Result = Union[float, str, Vec, Mat]  # noqa: UP007 (runtime alias, py3.10)
 
 
 class Evaluator:
