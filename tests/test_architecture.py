@@ -52,6 +52,10 @@ SHARED_LEAVES = frozenset(
         ".exitcodes",
         ".failpoints",
         ".fdlimits",
+        ".formats",  # Go's and Prometheus' text formats, one module each: RFC 3339, strconv, string maps
+        ".formats.gostrconv",
+        ".formats.rfc3339",
+        ".formats.stringmap",
         ".goregex",
         ".jsontext",
         ".listener",

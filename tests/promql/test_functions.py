@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from vllm_watchdog.formats.gostrconv import parse_float
 from vllm_watchdog.promql import rangefuncs as rf
 from vllm_watchdog.promql.labelfuncs import label_join, label_replace
 from vllm_watchdog.promql.mathfuncs import (
@@ -17,7 +18,6 @@ from vllm_watchdog.promql.mathfuncs import (
     clamp_min,
     date_part,
     histogram_quantile,
-    parse_go_float,
     quantile,
     round_to,
 )
@@ -214,13 +214,13 @@ def test_histogram_quantile(q, buckets, expected):
     assert same(histogram_quantile(q, buckets), expected)
 
 
-def test_parse_go_float():
-    assert parse_go_float("+Inf") == INF
-    assert parse_go_float("1e3") == 1000.0
-    assert parse_go_float("0x1p-2") == 0.25
-    assert parse_go_float("1_000") is None
-    assert parse_go_float("abc") is None
-    assert parse_go_float("") is None
+def test_le_bounds_parse_as_go_floats():
+    assert parse_float("+Inf", underscores=False) == INF
+    assert parse_float("1e3", underscores=False) == 1000.0
+    assert parse_float("0x1p-2", underscores=False) == 0.25
+    for refused in ("1_000", "abc", ""):
+        with pytest.raises(ValueError):
+            parse_float(refused, underscores=False)
 
 
 # --- math -----------------------------------------------------------------------------------------

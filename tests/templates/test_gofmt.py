@@ -7,7 +7,7 @@ import math
 import pytest
 
 from vllm_watchdog.templates.gofmt import go_labels
-from vllm_watchdog.templates.gostrconv import format_float, go_quote
+from vllm_watchdog.formats.gostrconv import format_float, go_quote
 from vllm_watchdog.templates.gotime import model_duration, rfc3339, time_duration
 
 

@@ -6,6 +6,7 @@ import math
 from functools import lru_cache
 from typing import Protocol
 
+from ..formats.gostrconv import parse_float
 from ..store import Labels
 from . import labelfuncs, mathfuncs, rangefuncs
 from .aggregations import sort_vector
@@ -103,8 +104,11 @@ def _timestamp(ev: ArgumentEvaluator, node: Call, t: int) -> Vec:
 def _bucket_of(labels: Labels) -> tuple[Labels, Labels, float] | None:
     """A bucket's histogram (labels without `le`), that without `__name__`, and its upper bound; cached."""
     le = next((val for key, val in labels if key == "le"), None)
-    bound = mathfuncs.parse_go_float(le) if le is not None else None
-    if bound is None:
+    if le is None:
+        return None
+    try:
+        bound = parse_float(le, underscores=False)
+    except ValueError:  # Prometheus skips a bucket whose `le` strconv.ParseFloat refuses
         return None
     key = tuple(p for p in labels if p[0] != "le")
     return key, drop_name(key), bound

@@ -309,21 +309,6 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     return start + (end - start) * go_div(rank, count)
 
 
-def parse_go_float(text: str) -> float | None:
-    """Go's strconv.ParseFloat(text, 64) for `le` labels; None where Go reports an error."""
-    body = text[1:] if text[:1] in "+-" else text
-    if body.lower() in ("inf", "infinity", "nan"):
-        return float(text)
-    if "_" in text or not body or body[0] not in "0123456789.":
-        return None
-    try:
-        if body[:2].lower() == "0x":
-            return float.fromhex(text)
-        return float(text)
-    except (ValueError, OverflowError):
-        return None
-
-
 # Go's time package counts seconds from an "absolute" zero year; int64 wrap-around follows from it.
 _UNIX_TO_INTERNAL = (1969 * 365 + 1969 // 4 - 1969 // 100 + 1969 // 400) * 86400
 _ABSOLUTE_ZERO_YEAR = -292277022399

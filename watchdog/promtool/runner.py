@@ -21,7 +21,7 @@ from ..ruler.files import load_rule_files
 from ..ruler.groups import Group
 from ..store import Labels, SampleStore
 from ..templates.gofmt import go_labels, indent_lines
-from ..templates.gostrconv import format_float, go_quote
+from ..formats.gostrconv import format_float, go_quote
 from ..templates.gotime import model_duration, time_duration
 from .testfile import AlertTest, ExprTest, TestFile, TestGroup, load_test_file
 

@@ -21,7 +21,7 @@ from urllib.parse import quote_plus, urljoin
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc, Sample, Vector
 from ..store import Labels
-from ..templates.gostrconv import format_float, go_number
+from ..formats.gostrconv import format_float, go_number
 from ..templates.gotime import rfc3339
 from .expansion import Expander
 from .files import Rule

@@ -19,7 +19,7 @@ from ..errors import WatchdogError
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc, to_ms
 from ..store import Exposure, Labels, SampleStore
-from ..templates.gostrconv import go_number
+from ..formats.gostrconv import go_number
 from ..templates.gotime import rfc3339
 from .alerting import (
     RESOLVED_RETENTION_MS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..config.limits import ScrapeLimits
 from ..errors import ScrapeError
 from ..store import Labels, Series, metric_name
-from ..templates.gostrconv import go_quote
+from ..formats.gostrconv import go_quote
 
 LABEL_LIMITS = "label_limits"  # ScrapeError.kind of the three, as Prometheus counts them together
 SERIES_LIMIT = "series_limit"

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..store import Labels
-from .gostrconv import format_float, go_quote
+from ..formats.gostrconv import format_float, go_quote
 from .govalues import AlertData, GoTime, go_type
 
 _TOO_LARGE = 1_000_000  # fmt rejects widths and precisions beyond this (%!(BADWIDTH))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from .gostrconv import parse_float
+from ..formats.gostrconv import parse_float
 from .lexer import TemplateError, Token, lex
 from .nodes import (
     Action,

@@ -10,7 +10,7 @@ from urllib.parse import quote_plus
 from ..config.durations import parse_duration
 from ..goregex import RegexError, compile_go
 from .builtins import A, Func, FuncError, S
-from .gostrconv import format_float, go_quote, parse_float
+from ..formats.gostrconv import format_float, go_quote, parse_float
 from .govalues import HTML, ArgsMap, GoTime, go_type
 
 

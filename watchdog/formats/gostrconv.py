@@ -1,4 +1,5 @@
-"""Go's strconv: float64 formatting (FormatFloat as fmt uses it) and parsing (ParseFloat), and quoting."""
+"""Go's strconv, the one home of its formats: float64 formatting (FormatFloat as fmt uses it), parsing
+(ParseFloat, for template values, histogram `le` labels and Prometheus' API sample values), and quoting."""
 
 from __future__ import annotations
 
@@ -123,15 +124,18 @@ def _underscores_ok(s: str) -> bool:
     return saw != "_"
 
 
-def parse_float(s: str) -> float:
-    """strconv.ParseFloat(s, 64); ValueError carries Go's message."""
+def parse_float(s: str, *, underscores: bool = True) -> float:
+    """strconv.ParseFloat(s, 64); ValueError carries Go's message. Go reads `1_000` (underscores between
+    digits); `underscores=False` refuses any, as histogram_quantile here has always read `le`."""
     syntax = ValueError(f"strconv.ParseFloat: parsing {go_quote(s)}: invalid syntax")
     low = s.lower()
     if low == "nan":
         return math.nan
     if (low[1:] if low[:1] in "+-" else low) in ("inf", "infinity"):
         return -math.inf if low[0] == "-" else math.inf
-    if not (_DEC.fullmatch(s) or _HEX.fullmatch(s)) or ("_" in s and not _underscores_ok(s)):
+    if "_" in s and not (underscores and _underscores_ok(s)):
+        raise syntax
+    if not (_DEC.fullmatch(s) or _HEX.fullmatch(s)):
         raise syntax
     clean = s.replace("_", "")
     if not any(c.isdigit() for c in clean.split("e")[0].split("E")[0].split("p")[0].split("P")[0]):
