@@ -16,17 +16,17 @@ import pytest
 from tests.support.clock import Clock
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.gatewayactions import plan_gateway
+from vllm_watchdog.actions.kinds.gateway import plan_gateway
 from vllm_watchdog.actions.readiness import ReadyCheck
 from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
-from vllm_watchdog.gateway.channel import ChannelError
-from vllm_watchdog.gateway.feed import GatewayFeed
-from vllm_watchdog.gateway.handle import GatewayControl, GatewayControlOptions, window_quantile
-from vllm_watchdog.gateway.locallink import LocalLink
-from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.snapshot import HistogramSnapshot
+from vllm_watchdog.gateway.control.feed import GatewayFeed
+from vllm_watchdog.gateway.control.handle import GatewayControl, GatewayControlOptions, window_quantile
+from vllm_watchdog.gateway.dataplane.locallink import LocalLink
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
+from vllm_watchdog.gateway.protocol.channel import ChannelError
+from vllm_watchdog.gateway.protocol.snapshot import HistogramSnapshot
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.store import SampleStore, is_stale, labels_dict
 
@@ -286,7 +286,7 @@ def test_window_quantile_interpolates_within_the_bucket() -> None:
 
 
 def test_feed_writes_gateway_series_and_marks_them_stale_when_gone() -> None:
-    from vllm_watchdog.gateway.snapshot import GateSnapshot, GatewaySnapshot, ProxySnapshot
+    from vllm_watchdog.gateway.protocol.snapshot import GateSnapshot, GatewaySnapshot, ProxySnapshot
 
     empty = HistogramSnapshot((1.0,), (0, 0), 0.0, 0)
     gate = GateSnapshot(3, 4, 1, {"interactive": 2}, 5.0, False, {}, {}, empty, (), {})

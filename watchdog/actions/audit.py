@@ -33,7 +33,7 @@ class Job:
     @property
     def key(self) -> tuple[str, bool, str]:
         """Jobs with the same key merge while one waits or runs; a session breaker is per session."""
-        session = self.labels.get("session", "") if self.action.type == "throttle_session" else ""
+        session = self.labels.get("session", "") if self.action.traits.acts_on_session else ""
         return (self.action.name, self.restore, session)
 
 

@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..config.durations import parse_duration, parse_size
 from ..config.yamlnodes import Node
-from ..gateway.config import ADAPTIVE_SIGNALS, ThrottleSpec
+from ..gateway.config import ThrottleSpec
 from ..matchers import Matcher, parse_matchers
 
-ACTION_TYPES = (
-    "restart",
-    "disable_draft",
-    "enable_draft",
-    "reconfigure",
-    "gpu_power_limit",
-    "throttle",
-    "throttle_session",
-    "drain",
-    "undrain",
-)
-GATEWAY_ACTIONS = frozenset({"throttle", "throttle_session", "drain", "undrain"})  # they steer the gateway
-DEFAULT_THROTTLE = ThrottleSpec(factor=0.5)  # a throttle action that says nothing else halves the cap
-DISRUPTIVE = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure"})  # they stop the server
 DRAFT_FLAGS = ("--speculative-config", "--speculative-model", "--num-speculative-tokens")
 _FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
 _ACTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -67,15 +53,21 @@ class ActionConfig:
         None  # throttle_session: how long the breaker stays open; None: gateway's
     )
     # throttle_session: each repeat offence of a session doubles its breaker up to this; the record is
-    # forgotten once the session stays clean this long after its last breaker ended (gateway/offences.py)
+    # forgotten once the session stays clean this long after its last breaker ended
+    # (gateway/dataplane/offences.py)
     breaker_max_duration: float = 3600.0
     breaker_reset_after: float = 3600.0
     line: int = 0
 
     @property
+    def traits(self) -> Traits:
+        """What its kind does (kinds/ declares each); the traits of no kind for an unknown type."""
+        return traits_of(self.type)
+
+    @property
     def disruptive(self) -> bool:
-        """Whether the action stops the server (one at a time per target)."""
-        return self.type in DISRUPTIVE
+        """Whether the action stops the server (the trait stops_server)."""
+        return self.traits.stops_server
 
 
 @dataclass(frozen=True)
@@ -105,19 +97,64 @@ class RouteConfig:
     line: int = 0
 
 
-_DEFAULTS: dict[str, dict[str, object]] = {
-    "restart": {"cooldown": 900.0, "max_per_window": Budget(3, 6 * 3600.0)},
-    "disable_draft": {"cooldown": 3600.0, "remove_args": DRAFT_FLAGS},
-    "enable_draft": {"cooldown": 0.0},
-    "reconfigure": {"cooldown": 900.0},
-    "gpu_power_limit": {"cooldown": 300.0},
-    # Gateway actions are cheap and reversible: a throttle may tighten again each minute the alert is resent,
-    # and a re-firing alert is no crash loop (window 0).
-    "throttle": {"cooldown": 60.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
-    "throttle_session": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
-    "drain": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
-    "undrain": {"cooldown": 0.0, "crash_loop_window": 0.0, "startup_grace": 0.0},
-}
+@dataclass(frozen=True)
+class Traits:
+    """What an action kind does, each by name: every set of kinds and every branch on a kind reads these."""
+
+    stops_server: bool = False  # its flow stops or replaces vLLM
+    one_at_a_time_per_target: bool = False  # the busy rail: no two such actions on one target at once
+    needs_startup_grace: bool = False  # the startup_grace rail reads when the server started
+    allowed_while_paused_or_asleep: bool = True  # False: the engine_paused rail refuses it
+    needs_writable_state: bool = False  # refused while the state_dir (its audit row) cannot be written
+    takes_fleet_slot: bool = False  # waits for a slot of the fleet's disruption budget (and tells it alerts)
+    collects_evidence: bool = False  # an incident bundle is collected before its first disruptive step
+    once_per_episode: bool = False  # runs once per firing episode, not per resend of its alert
+    steers_gateway: bool = False  # acts on the gateway in front of the target (needs one)
+    holds_gateway_cap: bool = False  # a throttle hold: kept alive while resent, released once resolved
+    acts_on_session: bool = False  # acts on the alert's `session` (shown in its audit rows)
+    needs_runtime: bool = False  # acts through the target's runtime (container, command or unit)
+    relaunches: bool = False  # replaces the server with a changed launch (docker or process mode only)
+    needs_nvml: bool = False  # acts on the target's GPUs through NVML
+
+
+ParseKind = Callable[[Mapping[str, Node], Node, dict[str, object]], None]
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """An action kind's config side: its name, traits, defaults (ActionConfig fields) and own keys, with the
+    parser of those keys (it writes ActionConfig fields into `values`, errors on the nodes)."""
+
+    name: str
+    traits: Traits
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    keys: tuple[str, ...] = ()
+    parse: ParseKind | None = None
+
+
+_KINDS: dict[str, KindSpec] = {}  # in registration order (kinds/__init__.py imports each kind's module)
+NO_TRAITS = Traits()
+
+
+def register_kind(spec: KindSpec) -> KindSpec:
+    """Make a kind known to the config parser (a second kind of the same name is a bug)."""
+    if spec.name in _KINDS:
+        raise ValueError(f"action kind {spec.name!r} registered twice")
+    _KINDS[spec.name] = spec
+    return spec
+
+
+def kind_names() -> tuple[str, ...]:
+    """The registered kinds, in registration order."""
+    return tuple(_KINDS)
+
+
+def traits_of(kind: str) -> Traits:
+    """The traits of a kind by name (an audit row's type); those of no kind if it is not registered."""
+    spec = _KINDS.get(kind)
+    return spec.traits if spec is not None else NO_TRAITS
+
+
 _DURATIONS = (
     "cooldown",
     "drain_timeout",
@@ -130,7 +167,8 @@ _DURATIONS = (
 )
 
 
-def _flag(node: Node, text: str) -> str | None:
+def long_flag(node: Node, text: str) -> str | None:
+    """`text` if it is a long vLLM flag, else None with the error on `node`."""
     if not _FLAG.match(text):
         node.error(f"must be a long vLLM flag such as --max-num-seqs, got {text!r}")
         return None
@@ -138,11 +176,10 @@ def _flag(node: Node, text: str) -> str | None:
 
 
 def parse_action(name: str, node: Node) -> ActionConfig | None:
-    """One entry of `actions:`."""
-    keys = {"type", "dry_run", "max_per_window", "set", "remove", "restore_after", "watts", "ratio"}
-    keys |= {"factor", "limit", "floor", "step", "step_interval", "adaptive", "target", "duration"}
-    keys |= {"max_duration", "reset_after"}
-    keys |= {"crash_loop_max", *_DURATIONS}
+    """One entry of `actions:`; its `type` names a registered kind, which parses its own keys."""
+    keys = {"type", "dry_run", "max_per_window", "restore_after", "crash_loop_max", *_DURATIONS}
+    for registered in _KINDS.values():
+        keys |= set(registered.keys)
     m = node.mapping(keys)
     if m is None:
         return None
@@ -153,10 +190,11 @@ def parse_action(name: str, node: Node) -> ActionConfig | None:
         if "type" not in m:
             node.error("is required", field=f"{node.path}.type")
         return None
-    if kind not in ACTION_TYPES:
-        m["type"].error(f"unknown action type {kind!r} (known: {', '.join(ACTION_TYPES)})")
+    spec = _KINDS.get(kind)
+    if spec is None:
+        m["type"].error(f"unknown action type {kind!r} (known: {', '.join(_KINDS)})")
         return None
-    values: dict[str, object] = dict(_DEFAULTS[kind])
+    values: dict[str, object] = dict(spec.defaults)
     for key in _DURATIONS:
         if key in m:
             parsed = m[key].parsed(parse_duration)
@@ -170,108 +208,13 @@ def parse_action(name: str, node: Node) -> ActionConfig | None:
         values["max_per_window"] = _budget(m["max_per_window"])
     if "restore_after" in m:
         values["restore_after"] = m["restore_after"].parsed(parse_duration)
-    _type_specific(kind, m, node, values)
+    for other in _KINDS.values():  # a key another kind owns
+        for key in other.keys:
+            if key in m and other is not spec:
+                m[key].error(f"only applies to type {other.name}")
+    if spec.parse is not None:
+        spec.parse(m, node, values)
     return ActionConfig(name=name, type=kind, line=node.line, **values)  # type: ignore[arg-type]
-
-
-def _type_specific(kind: str, m: Mapping[str, Node], node: Node, values: dict[str, object]) -> None:
-    only = {
-        "set": "reconfigure",
-        "remove": "reconfigure",
-        "watts": "gpu_power_limit",
-        "ratio": "gpu_power_limit",
-        **dict.fromkeys(
-            ("factor", "limit", "floor", "step", "step_interval", "adaptive", "target"), "throttle"
-        ),
-        "duration": "throttle_session",
-        "max_duration": "throttle_session",
-        "reset_after": "throttle_session",
-    }
-    for key, owner in only.items():
-        if key in m and kind != owner:
-            m[key].error(f"only applies to type {owner}")
-    if kind == "reconfigure":
-        sets: dict[str, str | None] = {}
-        if "set" in m:
-            for flag, child in (m["set"].mapping() or {}).items():
-                if _flag(child, flag) is not None:
-                    sets[flag] = None if child.is_null() else child.scalar()
-        removes = (
-            tuple(f for f in (m["remove"].string_list() or []) if _flag(m["remove"], f))
-            if "remove" in m
-            else ()
-        )
-        if not sets and not removes:
-            node.error("a reconfigure action needs `set` or `remove`")
-        values["set_args"], values["remove_args"] = sets, removes
-    if kind == "gpu_power_limit":
-        watts = m["watts"].number() if "watts" in m else None
-        ratio = m["ratio"].number() if "ratio" in m else None
-        if (watts is None) == (ratio is None):
-            node.error("set exactly one of `watts` or `ratio`")
-        if watts is not None and watts <= 0:
-            m["watts"].error("must be greater than 0")
-        if ratio is not None and not 0 < ratio <= 1:
-            m["ratio"].error("must be in (0, 1]")
-        values["power_limit_watts"], values["power_limit_ratio"] = watts, ratio
-    if kind == "throttle":
-        values["throttle"] = _throttling(m, node)
-    if kind == "throttle_session":
-        _breaker(m, values)
-
-
-def _breaker(m: Mapping[str, Node], values: dict[str, object]) -> None:
-    """throttle_session: `duration`, `max_duration` (repeat offences double up to it), `reset_after`."""
-    duration = m["duration"].parsed(parse_duration) if "duration" in m else None
-    if duration == 0:
-        m["duration"].error("must be greater than 0")
-    values["breaker_duration"] = duration or None
-    if "max_duration" in m:
-        cap = m["max_duration"].parsed(parse_duration)
-        if cap is not None and (cap == 0 or (duration and cap < duration)):
-            m["max_duration"].error("must be greater than 0 and at least `duration`")
-        elif cap is not None:
-            values["breaker_max_duration"] = cap
-    if "reset_after" in m:
-        reset = m["reset_after"].parsed(parse_duration)
-        if reset is not None:
-            values["breaker_reset_after"] = reset
-
-
-def _throttling(m: Mapping[str, Node], node: Node) -> ThrottleSpec:
-    d = DEFAULT_THROTTLE
-    factor = m["factor"].number() if "factor" in m else None
-    limit = m["limit"].integer(minimum=1) if "limit" in m else None
-    if factor is not None and limit is not None:
-        node.error("set `factor` or `limit`, not both")
-    if factor is not None and not 0 < factor < 1:
-        m["factor"].error(f"must be between 0 and 1 (exclusive), got {factor}")
-        factor = None
-    floor = (m["floor"].integer(minimum=1) if "floor" in m else None) or d.floor
-    step = (m["step"].integer(minimum=1) if "step" in m else None) or d.step
-    interval = m["step_interval"].parsed(parse_duration) if "step_interval" in m else None
-    if interval == 0:
-        m["step_interval"].error("must be greater than 0")
-    adaptive = m["adaptive"].string() if "adaptive" in m else None
-    if adaptive is not None and adaptive not in ADAPTIVE_SIGNALS:
-        m["adaptive"].error(f"must be one of {', '.join(ADAPTIVE_SIGNALS)}, got {adaptive!r}")
-        adaptive = None
-    target = m["target"].parsed(parse_duration) if "target" in m else None
-    if target == 0:
-        m["target"].error("must be greater than 0")
-    if "target" in m and adaptive is None and "adaptive" not in m:
-        m["target"].error("only applies with `adaptive`")
-    if limit is not None and limit < floor:
-        m["limit"].error(f"must not be below floor ({floor})")
-    return ThrottleSpec(
-        factor=None if limit is not None else (factor or d.factor),
-        limit=limit,
-        floor=floor,
-        step=step,
-        step_interval=interval or d.step_interval,
-        adaptive=adaptive,
-        target=target or d.target,
-    )
 
 
 def _budget(node: Node) -> Budget | None:

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from .config import ActionConfig
 from .state import ActionStore
 
-HOLDS = frozenset({"throttle", "throttle_session", "drain"})  # action types that hold while an alert fires
 DONE = ("running", "succeeded")
 MAX_REMEMBERED = 10_000  # episodes kept in memory; older ones are found in the audit log again
 
@@ -35,7 +34,7 @@ class Episodes:
 
     def done(self, action: ActionConfig, target: str, labels: Mapping[str, str], started: float) -> bool:
         """Whether `action` already ran on `target` for the episode of `labels` that began at `started`."""
-        if action.type not in HOLDS or not started:
+        if not action.traits.once_per_episode or not started:
             return False
         key = _key(action, target, labels)
         if self._done.get(key) == started:
@@ -58,7 +57,7 @@ class Episodes:
         self, action: ActionConfig, target: str, labels: Mapping[str, str], started: float | None
     ) -> None:
         """A hold action succeeded for the episode that began at `started`."""
-        if action.type in HOLDS and started:
+        if action.traits.once_per_episode and started:
             self._remember(_key(action, target, labels), started)
 
     def ended(self, action: ActionConfig, target: str, labels: Mapping[str, str]) -> None:

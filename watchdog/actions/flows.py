@@ -7,19 +7,21 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import failpoints
 from ..config.targets import TargetConfig
 from ..errors import ActionError
-from .config import DISRUPTIVE
-from .readiness import ReadyCheck
+from .config import traits_of
 from .records import ActionRecord
 from .runtime import Launch, Runtime
 from .state import ActionStore
 
+if TYPE_CHECKING:  # the readiness checks import the HTTP stack, which `check config` must not load
+    from .readiness import ReadyCheck
+
 log = logging.getLogger(__name__)
 DRAIN_POLL = 0.5
-RELAUNCHES = DISRUPTIVE - {"restart"}  # action types whose flow is relaunch()
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ async def reconcile(
         ok, why = await _ready_or_start(ctx, action_id, ready_timeout)
         if not ok:
             return Outcome("failed", f"after a watchdog restart: {why}")
-        if record is None or record.type not in RELAUNCHES:
+        if record is None or not traits_of(record.type).relaunches:
             return Outcome("succeeded", "finished after a watchdog restart: the server is ready")
         if argv is not None and await _current_args(ctx) == argv:
             return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")

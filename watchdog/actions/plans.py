@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.targets import TargetConfig
 from ..errors import ActionError
 from . import args as vllm_args
-from .config import DRAFT_FLAGS, ActionConfig
+from .config import ActionConfig
 from .flows import FlowContext, Outcome, relaunch, restart
 from .runtime import Launch, Runtime
 from .state import ActionStore
@@ -19,7 +20,8 @@ DRAFT_KEY = "draft"
 
 @dataclass(frozen=True)
 class Plan:
-    """A decided action: `kind` "restart" | "relaunch" | "power"; `skip` set when there is nothing to do."""
+    """A decided action: `kind` the flow that carries it out ("restart" | "relaunch" | "power" | "gateway");
+    `skip` set when there is nothing to do."""
 
     kind: str
     describe: str
@@ -32,53 +34,38 @@ class Plan:
     skip: str = ""
 
 
-def _spec_key(action: ActionConfig) -> str:
-    return DRAFT_KEY if action.type in ("disable_draft", "enable_draft") else f"reconfigure:{action.name}"
-
-
-def _touched(action: ActionConfig) -> tuple[str, ...]:
-    if action.type in ("disable_draft", "enable_draft"):
-        return DRAFT_FLAGS
-    return (*action.remove_args, *action.set_args)
-
-
 def _apply(action: ActionConfig, args: list[str]) -> list[str]:
     out = vllm_args.remove_args(args, action.remove_args)
     return vllm_args.set_args(out, dict(action.set_args)) if action.set_args else out
 
 
-async def plan_action(
-    action: ActionConfig,
-    target: TargetConfig,
-    runtime: Runtime | None,
-    store: ActionStore,
-    power: Any | None,
-    *,
-    restore: bool,
-) -> Plan:
-    """Decide what to do; raises nothing for target faults (an ActionError becomes a skip reason)."""
+async def guarded(action: ActionConfig, plan: Awaitable[Plan]) -> Plan:
+    """A kind's plan; raises nothing for target faults (an ActionError becomes a skip reason)."""
     try:
-        if action.type == "gpu_power_limit":
-            return _power_plan(action, target, store, power, restore)
-        assert runtime is not None
-        if action.type == "restart":
-            return Plan("restart", f"restart {target.name} ({runtime.kind})")
-        return await _relaunch_plan(action, target, runtime, store, restore)
+        return await plan
     except (ActionError, ValueError) as exc:
         return Plan("none", "", skip=f"cannot plan {action.name}: {exc}")
 
 
-async def _relaunch_plan(
-    action: ActionConfig, target: TargetConfig, runtime: Runtime, store: ActionStore, restore: bool
+async def plan_relaunch(
+    action: ActionConfig,
+    target: TargetConfig,
+    runtime: Runtime,
+    store: ActionStore,
+    *,
+    restore: bool,
+    key: str,
+    touched: tuple[str, ...],
 ) -> Plan:
+    """Relaunch with the action's changes applied, saving the original launch under `key`; or, to restore,
+    put back the flags `touched` as the saved launch had them."""
     current = await runtime.launch()
-    key = _spec_key(action)
     saved_text = store.load_spec(target.name, key)
-    if action.type == "enable_draft" or restore:
+    if restore:
         if saved_text is None:
             return Plan("none", "", skip=f"nothing saved under {key!r} to restore")
         original = Launch.from_json(saved_text)
-        new_args = vllm_args.restore_args(list(current.args), list(original.args), _touched(action))
+        new_args = vllm_args.restore_args(list(current.args), list(original.args), touched)
         if new_args == list(current.args):
             return Plan("none", "", spec_key=key, skip="already as originally launched")
         return Plan(
@@ -113,9 +100,10 @@ def _diff(old: tuple[str, ...] | list[str], new: list[str]) -> str:
     return "; ".join(parts) or "the same arguments"
 
 
-def _power_plan(
+def plan_power(
     action: ActionConfig, target: TargetConfig, store: ActionStore, power: Any, restore: bool
 ) -> Plan:
+    """Set each GPU's power limit (watts, or a ratio of its default); restore: put back the saved ones."""
     watts: dict[int, float] = {}
     for index in target.gpus:
         key = f"power/{target.name}/{index}"
@@ -133,6 +121,11 @@ def _power_plan(
     verb = "restore" if restore else "set"
     text = ", ".join(f"GPU {i} to {w:.0f} W" for i, w in sorted(watts.items()))
     return Plan("power", f"{verb} the power limit of {text}", power=watts, power_restore=restore)
+
+
+def plan_restart(target: TargetConfig, runtime: Runtime) -> Plan:
+    """A graceful restart of the server."""
+    return Plan("restart", f"restart {target.name} ({runtime.kind})")
 
 
 async def execute_plan(

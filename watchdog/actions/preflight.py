@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config.targets import TargetConfig
 from ..errors import ActionError
-from .config import GATEWAY_ACTIONS, ActionConfig
+from .config import ActionConfig
 from .gatewayactions import Gateway
 from .runtime import Runtime
 
@@ -34,17 +34,20 @@ def unsupported(
     gateway: Gateway | None,
 ) -> str:
     """Why the action cannot act on the target at all ("" if it can): no runtime, or one of the wrong kind,
-    no NVML or no GPUs listed, no gateway in front."""
-    if action.type in GATEWAY_ACTIONS:
+    no NVML or no GPUs listed, no gateway in front (each as the kind's traits ask)."""
+    traits = action.traits
+    if traits.steers_gateway:
         return (
             "" if gateway is not None else f"no gateway in front of target {target.name} (config `gateway:`)"
         )
-    if action.type == "gpu_power_limit":
+    if traits.needs_nvml:
         if power is None:
-            return "gpu_power_limit needs NVML (gpus: {nvml: true})"
+            return f"{action.type} needs NVML (gpus: {{nvml: true}})"
         return "" if target.gpus else f"target {target.name} lists no gpus"
+    if not traits.needs_runtime:
+        return ""
     if runtime is None:
         return f"target {target.name} names no container, command or unit to act on"
-    if action.type != "restart" and runtime.kind == "systemd":
+    if traits.relaunches and runtime.kind == "systemd":
         return f"{action.type} needs docker or process mode; systemd mode supports restart only"
     return ""

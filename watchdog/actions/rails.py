@@ -5,9 +5,10 @@ Rails are checked in this order and the first that blocks gives the verdict:
 
 - paused: an operator paused every action;
 - silenced: an active silence matches the alert's labels plus `action` and `target`;
-- engine_paused: for a disruptive action, the target's engine is paused or asleep on purpose (vLLM's
-  /is_paused, /is_sleeping or vllm:engine_sleep_state say so; see sources/enginestate): a rule that took the
-  quiet engine for a hung one must not restart it, whether or not the rule knows about pauses;
+- engine_paused: for an action whose kind is not allowed_while_paused_or_asleep (one that stops the server),
+  the target's engine is paused or asleep on purpose (vLLM's /is_paused, /is_sleeping or
+  vllm:engine_sleep_state say so; see sources/enginestate): a rule that took the quiet engine for a hung one
+  must not restart it, whether or not the rule knows about pauses;
 - startup_grace: the target's server started less than `startup_grace` ago;
 - backoff: after n consecutive failed or rolled-back runs, the next waits `backoff_initial * 2**(n-1)`
   (at most `backoff_max`) after the last failure ended;
@@ -15,10 +16,11 @@ Rails are checked in this order and the first that blocks gives the verdict:
 - budget: `max_per_window.count` runs started within the sliding `max_per_window.window`;
 - crash_loop: the action succeeded and was needed again within `crash_loop_window` of finishing,
   `crash_loop_max` times in a row; it stays refused until an operator resumes (`set_paused(False, ...)`);
-- busy: this action, or for a disruptive one any disruptive action, is running on the target.
+- busy: this action, or for one that runs one_at_a_time_per_target any other such action, is running on
+  the target.
 
-After these, just before the audit row is written, the remediator checks one more for disruptive actions that
-are not dry runs: state_unwritable (remediator.STATE_RAIL), while the state_dir cannot be written (see
+The rails are one gate of the decision pipeline (gates.py); a later one, state_unwritable (gates.STATE_RAIL),
+refuses an action that needs_writable_state, not a dry run, while the state_dir cannot be written (see
 statehealth). It is not in RAILS: it needs a write probe, not the store.
 
 Clock jumps: rows carry wall-clock times (they must outlive the process). With no `monotonic` clock the
@@ -45,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config.durations import format_duration
-from .config import DISRUPTIVE, ActionConfig
+from .config import ActionConfig, traits_of
 from .state import ActionRecord, ActionStore
 
 RAILS = (
@@ -73,7 +75,7 @@ class Verdict:
 
     allowed: bool
     reason: str
-    rail: str = ""  # "" or one of RAILS, or remediator.STATE_RAIL
+    rail: str = ""  # "" or one of RAILS, or gates.STATE_RAIL
     retry_at: float | None = None
 
 
@@ -206,7 +208,7 @@ class Rails:
         return Verdict(False, f"silenced by {ids} for another {_ago(until, ask.now)}", "silenced", until)
 
     def _engine_paused(self, ask: _Ask) -> Verdict | None:
-        if not ask.engine_state or not ask.action.disruptive:
+        if not ask.engine_state or ask.action.traits.allowed_while_paused_or_asleep:
             return None
         return Verdict(False, ask.engine_state, "engine_paused")
 
@@ -297,7 +299,10 @@ class Rails:
         for run in self.store.unfinished():
             if run.target != ask.target or run.dry_run:
                 continue
-            if run.action == ask.action.name or (ask.action.disruptive and run.type in DISRUPTIVE):
+            one_at_a_time = ask.action.traits.one_at_a_time_per_target
+            if run.action == ask.action.name or (
+                one_at_a_time and traits_of(run.type).one_at_a_time_per_target
+            ):
                 ago = _ago(ask.now, run.started_at)
                 why = f"{run.action} (id {run.id}) is running on {ask.target}, started {ago} ago"
                 return Verdict(False, why, "busy")

@@ -13,23 +13,24 @@ from typing import Any
 
 from ..config.model import Config
 from ..config.targets import TargetConfig
-from ..fleet.budget import BUDGETED, NO_BUDGET, DisruptionBudget, Grant, note_routed
-from ..gateway.channel import ChannelError
+from ..fleet.budget import NO_BUDGET, DisruptionBudget, note_routed
+from ..gateway.protocol.channel import ChannelError
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import NotificationHub
 from ..statehealth import StateHealth
 from .audit import Audit, Job
-from .config import GATEWAY_ACTIONS, ActionConfig
+from .config import ActionConfig
 from .episodes import Episodes
 from .flows import FlowContext, Outcome, reconcile
-from .gatewayactions import Gateway, execute_gateway, hold_key, plan_gateway
+from .gates import PIPELINE, Decision, Stop, unrecordable
+from .gatewayactions import Gateway, hold_key
 from .incidents.recorder import Incident, IncidentRecorder, RecorderOptions
 from .jobqueues import JobQueues
-from .plans import Plan, execute_plan, plan_action
-from .preflight import server_started_at, unsupported
+from .kinds import Act, kind_of
+from .plans import Plan
 from .rails import Rails, Verdict
 from .readiness import ReadyCheck
-from .removal import REMOVED_RAIL, forget_target, removed
+from .removal import forget_target
 from .restores import Restores
 from .retries import Retries
 from .router import route, target_of
@@ -42,7 +43,6 @@ from .targetruntimes import UnavailableRuntime
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0
-STATE_RAIL = "state_unwritable"  # the rail that refuses disruptive actions while state_dir cannot be written
 KEEP_NOISE = 7 * 86400.0  # skipped, dry-run and refused rows are kept a week; real actions forever
 
 
@@ -96,7 +96,7 @@ class Remediator:
         self.retries = Retries(store)
         self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
         self.restores = Restores(store)
-        self.audit = Audit(store, self.hub, self._dry)
+        self.audit = Audit(store, self.hub, self.dry)
         self.incidents = IncidentRecorder(config, options.incidents)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
@@ -122,10 +122,11 @@ class Remediator:
         actions = {**old.actions, **config.actions}.values()
         for name in {t.name for t in old.targets} - {t.name for t in config.targets}:
             pending = (self.jobs, self.audit, self.retries, self.restores)
-            forget_target(name, actions, *pending, self.clock(), self._configured)
+            forget_target(name, actions, *pending, self.clock(), self.configured)
             self.budget.retired(name, self.clock())
 
-    def _configured(self, name: str) -> bool:
+    def configured(self, name: str) -> bool:
+        """Whether a target of that name is in the current config."""
         return any(t.name == name for t in self.config.targets)
 
     # -- intake ------------------------------------------------------------------------------
@@ -136,8 +137,10 @@ class Remediator:
             target = target_of(alert.labels, self.config.targets)
             names = route(self.config.routes, alert.labels)
             if target is not None:  # what the fleet counts for correlated faults
-                types = [a.type for a in map(self.config.actions.get, names) if a is not None]
-                note_routed(self.budget, alert, target.name, types, now)
+                routed = [a for a in map(self.config.actions.get, names) if a is not None]
+                note_routed(
+                    self.budget, alert, target.name, any(a.traits.takes_fleet_slot for a in routed), now
+                )
             for name in names:
                 action = self.config.actions.get(name)
                 if action is None:
@@ -151,7 +154,7 @@ class Remediator:
                     self.retries.forget(action.name, target.name)
                     self.episodes.ended(action, target.name, alert.labels)
                     gateway = self._gateway_of(target.name)
-                    if action.type == "throttle" and gateway is not None:
+                    if action.traits.holds_gateway_cap and gateway is not None:
                         gateway.release(hold_key(action, alert.labels))
                     resolved_at = alert.ends_at or now  # the same on every resend of this resolution
                     self.restores.resolved(action, target.name, alert.labels, resolved_at)
@@ -160,7 +163,7 @@ class Remediator:
                 if self.episodes.done(action, target.name, alert.labels, alert.starts_at):
                     gateway = self._gateway_of(target.name)
                     if (
-                        action.type != "throttle"
+                        not action.traits.holds_gateway_cap
                         or gateway is None
                         or gateway.keep(hold_key(action, alert.labels))
                     ):
@@ -194,87 +197,37 @@ class Remediator:
         return self.jobs.enqueue(job)
 
     # -- execution ---------------------------------------------------------------------------
-    def _dry(self, action: ActionConfig) -> bool:
+    def dry(self, action: ActionConfig) -> bool:
+        """Whether the action only reports what it would do."""
         return self.config.dry_run or bool(action.dry_run)
 
     async def _execute(self, job: Job) -> dict[str, Any]:
-        action, target, now = job.action, job.target, self.clock()
-        runtime = self.runtimes.get(target.name)
-        gateway = self._gateway_of(target.name)
-        problem = unsupported(action, target, runtime, self.power, gateway)
-        if problem:
-            return self.audit.refuse(action, job.labels, job.trigger, problem, now, target.name)
-        started = await server_started_at(runtime) if runtime is not None and action.disruptive else None
-        verdict, plan = await self._decide(job, runtime, gateway, started, now)
-        if plan is None:
-            return self._skip(job, verdict, now)
-        if self._dry(action):
-            return self.audit.would_do(job, plan.describe, now)
-        unrecordable = self._unrecordable(action)
-        if unrecordable:
-            return self._skip(job, Verdict(False, unrecordable, STATE_RAIL), now)
-        if action.type not in BUDGETED or job.trigger == "supervisor":  # a dead child is no disruption
-            return await self._run(job, plan, runtime, gateway, now)
-        grant = await self.budget.acquire(target.name, action.name)
+        """Pass the job through the gates (gates.PIPELINE), then run it; a fleet slot is given back after."""
+        runtime = self.runtimes.get(job.target.name)
+        gateway = self._gateway_of(job.target.name)
+        d = Decision(job, runtime, gateway, self.clock())
         try:
-            return await self._run_granted(job, grant, runtime, gateway, started)
+            stop = await PIPELINE.check(d, self)
+            if stop is not None:
+                return self._stopped(d, stop)
+            assert d.plan is not None
+            return await self._run(job, d.plan, runtime, gateway, d.now)
         finally:
-            await self.budget.release(grant)
+            if d.grant is not None:
+                await self.budget.release(d.grant)
 
-    async def _run_granted(
-        self,
-        job: Job,
-        grant: Grant,
-        runtime: Runtime | None,
-        gateway: Gateway | None,
-        started: float | None,
-    ) -> dict[str, Any]:
-        """After the wait for a fleet slot: refused, or the rails and the plan once more (minutes may have
-        passed, an operator may have paused actions), then the action."""
-        now = self.clock()
-        if grant.refusal:
-            if job.restore:  # due again later, not lost
-                self.restores.later(job, now)
-            return self._skip(job, Verdict(False, grant.refusal, grant.rail), now)
-        if not self._configured(job.target.name):  # removed (reload, discovery) while it waited for its slot
-            return self._skip(job, Verdict(False, removed(job.target.name), REMOVED_RAIL), now)
-        verdict, plan = await self._decide(job, runtime, gateway, started, now)
-        if plan is None:
-            return self._skip(job, verdict, now)
-        return await self._run(job, plan, runtime, gateway, now)
-
-    async def _decide(
-        self,
-        job: Job,
-        runtime: Runtime | None,
-        gateway: Gateway | None,
-        started: float | None,
-        now: float,
-    ) -> tuple[Verdict, Plan | None]:
-        """The rails' verdict and, if they allow the action, its plan (None with the verdict to skip on)."""
-        action, target = job.action, job.target
-        verdict = self.rails.check(
-            action,
-            target.name,
-            job.labels,
-            now,
-            server_started_at=started,
-            manual=job.trigger == "manual",
-            needed_at=job.needed_at,
-            # A child that exited (the supervisor's respawn) is not paused, whatever its last answer said.
-            engine_state="" if job.trigger == "supervisor" else self.engine_state(target.name, now),
-        )
-        if not verdict.allowed:
-            if verdict.rail == "engine_paused" and job.restore:  # due again later, not lost
-                self.restores.later(job, now)
-            return verdict, None
-        if gateway is not None and action.type in GATEWAY_ACTIONS:
-            plan = plan_gateway(action, job.labels, gateway)
-        else:
-            plan = await plan_action(action, target, runtime, self.store, self.power, restore=job.restore)
-        if plan.skip:
-            return Verdict(False, plan.skip, "nothing_to_do"), None
-        return verdict, plan
+    def _stopped(self, d: Decision, stop: Stop) -> dict[str, Any]:
+        """What a gate's stop writes: a refusal, a dry run's would_do, or a skip on its rail."""
+        job, verdict = d.job, stop.verdict
+        if stop.how == "refuse":
+            return self.audit.refuse(
+                job.action, job.labels, job.trigger, verdict.reason, d.now, job.target.name
+            )
+        if stop.how == "would_do":
+            return self.audit.would_do(job, verdict.reason, d.now)
+        if stop.later and job.restore:  # due again later, not lost
+            self.restores.later(job, d.now)
+        return self._skip(job, verdict, d.now)
 
     async def _run(
         self, job: Job, plan: Plan, runtime: Runtime | None, gateway: Gateway | None, now: float
@@ -291,17 +244,15 @@ class Remediator:
             now,
             needed_at=job.needed_at,
         )
-        if action.disruptive and self.store.degraded:  # the row went to memory: the file refused it just now
-            problem = self._unrecordable(action) or "state_unwritable: the audit log could not be written"
+        if action.traits.needs_writable_state and self.store.degraded:  # the row went to memory just now
+            problem = unrecordable(job, self) or "state_unwritable: the audit log could not be written"
             return self._finish(job, action_id, Outcome("skipped", problem))
-        incident = self._incident(job, plan.kind, plan.describe, action_id, runtime)
+        incident = self._incident(job, plan.describe, action_id, runtime)
         self.audit.started(job, action_id, plan.describe, now, incident.id if incident else "")
         ctx = self._context(target, runtime, incident)
         try:
-            if gateway is not None and plan.kind == "gateway":
-                outcome = await execute_gateway(action, job.labels, gateway, ctx, action_id)
-            else:
-                outcome = await execute_plan(plan, action, ctx, action_id, self.store, self.power)
+            act = Act(action, target, job.labels, runtime, gateway, self.store, self.power, job.restore)
+            outcome = await kind_of(action.type).execute(act, plan, ctx, action_id)
         except Exception as exc:  # a bug in a flow: the row must not stay "running" (the busy rail reads it)
             log.exception("action crashed", extra={"action": action.name, "target": target.name})
             outcome = Outcome("failed", f"internal error: {exc}")
@@ -309,25 +260,13 @@ class Remediator:
             outcome = Outcome(outcome.outcome, outcome.reason, {**outcome.details, **await incident.close()})
         return self._finish(job, action_id, outcome, incident.id if incident else "")
 
-    def _incident(
-        self, job: Job, kind: str, plan: str, action_id: int, runtime: Runtime | None
-    ) -> Incident | None:
-        """Start collecting the evidence of a restart, relaunch or power change, its id in the audit row."""
-        if not self.incidents.wanted(job, kind):
+    def _incident(self, job: Job, plan: str, action_id: int, runtime: Runtime | None) -> Incident | None:
+        """Start collecting the evidence of an action that collects_evidence, its id in the audit row."""
+        if not self.incidents.wanted(job):
             return None
         incident = self.incidents.open(job, plan, action_id, runtime)
         self.store.annotate(action_id, {"incident": incident.id})
         return incident
-
-    def _unrecordable(self, action: ActionConfig) -> str:
-        """Why a disruptive action cannot run now because its audit row could not be kept ("" if it can):
-        the state_dir must pass a fresh write probe and the store must be on its file."""
-        if not action.disruptive or self.state is None:
-            return ""
-        problem = self.state.refusal(self.monotonic())
-        if not problem and self.store.degraded:
-            problem = "state_unwritable: the action database is kept in memory until its file can be written"
-        return problem
 
     def _gateway_of(self, target: str) -> Gateway | None:
         gw = self.gateway

@@ -10,6 +10,7 @@ from ..config.targets import TargetConfig
 from ..errors import ActionError
 from .audit import Job
 from .config import ActionConfig, Budget
+from .kinds.server import RESTART
 from .process import ProcessRuntime
 from .runtime import Runtime
 from .state import ActionStore
@@ -17,7 +18,7 @@ from .state import ActionStore
 log = logging.getLogger("vllm_watchdog.actions.remediator")
 RESPAWN = ActionConfig(
     name="respawn",
-    type="restart",
+    type=RESTART.name,
     cooldown=0.0,
     max_per_window=Budget(5, 3600.0),
     startup_grace=0.0,

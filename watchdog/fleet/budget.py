@@ -28,8 +28,6 @@ from .session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
 RAIL = "fleet"
-# The action types that take a slot: those that stop the server, and a GPU power limit, which slows it.
-BUDGETED = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure", "gpu_power_limit"})
 RELOADABLE = ("max_disrupted", "slot_wait", "correlated_share")  # read at each decision; the rest: restart
 GROUP_CACHE = 1.0  # seconds one read of the member keys answers /api/v1/fleet (any local client may ask)
 
@@ -111,12 +109,12 @@ NO_BUDGET = NoBudget()
 
 
 def note_routed(
-    budget: DisruptionBudget, alert: OutgoingAlert, target: str, types: list[str], now: float
+    budget: DisruptionBudget, alert: OutgoingAlert, target: str, takes_slot: bool, now: float
 ) -> None:
-    """Tell the budget about an alert on `target` that routes to actions of these `types`, if one of them is
-    disruptive: it fires (until its end, or FIRING_HOLD from now without one) or resolved."""
+    """Tell the budget about an alert on `target`, if it routes to an action that takes a slot (the caller
+    asks the actions' kinds): it fires (until its end, or FIRING_HOLD from now without one) or resolved."""
     alertname = alert.labels.get("alertname", "")
-    if alertname and any(t in BUDGETED for t in types):
+    if alertname and takes_slot:
         until = alert.ends_at if alert.ends_at > now else now + FIRING_HOLD
         budget.note_alert(alertname, target, alert.state == "firing", until, now)
 

@@ -29,7 +29,6 @@ from .parts import Collection, PartResult, Sleep
 from .stacks import find_py_spy
 
 log = logging.getLogger(__name__)
-INCIDENT_TYPES = frozenset({"restart", "disable_draft", "enable_draft", "reconfigure", "gpu_power_limit"})
 MAX_FIRING = 50
 
 
@@ -96,14 +95,13 @@ class IncidentRecorder:
         inc = config.incidents
         self.bundles = Bundles(config.state_dir, inc.keep, inc.max_bytes) if config.state_dir else None
 
-    def wanted(self, job: Job, plan_kind: str) -> bool:
-        """Whether this action gets an incident: enabled, a state_dir, and a restart, relaunch or power change
-        that is not the restore after its alert resolved."""
+    def wanted(self, job: Job) -> bool:
+        """Whether this action gets an incident: enabled, a state_dir, and a kind that collects_evidence (a
+        restart, relaunch or power change), not the restore after its alert resolved."""
         return (
             self.config.incidents.enabled
             and self.bundles is not None
-            and job.action.type in INCIDENT_TYPES
-            and plan_kind in ("restart", "relaunch", "power")
+            and job.action.traits.collects_evidence
             and not job.restore
         )
 
