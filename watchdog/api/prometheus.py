@@ -141,15 +141,102 @@ def _selectors(texts: list[str]) -> list[Selector]:
     return out
 
 
-def query_routes(options: QueryOptions) -> list[Route]:
-    """The routes; each answers Prometheus' JSON, and its errors Prometheus' errorType and status."""
-    runner = options.runner
+def _compiled(text: str, prefix: bool) -> str:
+    """`text` once it compiles; its parse error as Prometheus words it (`prefix`: a bad `query` param)."""
+    try:
+        compile_expr(text)
+    except PromQLError as exc:
+        message = f"1:{(exc.position or 0) + 1}: parse error: {exc.message}"
+        raise (bad_param("query", message) if prefix else ApiError("bad_data", message)) from None
+    return text
 
-    def engine() -> Engine:
-        g = options.config().global_
-        return Engine(options.store(), lookback=g.lookback_delta, default_step=g.evaluation_interval)
 
-    def result(value: Value) -> dict[str, Any]:
+def _range(form: Form) -> tuple[float, float, float]:
+    """A range query's start, end and step, checked as Prometheus checks them."""
+    start = parse_time(form.get("start"), "start")
+    end = parse_time(form.get("end"), "end")
+    if end < start:
+        raise bad_param("end", "end timestamp must not be before start time")
+    step = parse_seconds(form.get("step"), "step")
+    if step <= 0:
+        raise bad_param(
+            "step",
+            "zero or negative query resolution step widths are not accepted. Try a positive integer",
+        )
+    if (end - start) // step > MAX_POINTS:
+        raise ApiError(
+            "bad_data",
+            "exceeded maximum resolution of 11,000 points per timeseries. "
+            "Try decreasing the query resolution (?step=XX)",
+        )
+    return start, end, step
+
+
+def _instant_kind(expr: str) -> None:
+    """ApiError unless a range query's expression is a scalar or an instant vector."""
+    kind = compile_plan(expr).kind
+    if kind not in ("vector", "scalar"):
+        name = "range vector" if kind == "matrix" else kind
+        message = f'invalid expression type "{name}" for range query, must be Scalar or instant Vector'
+        raise ApiError("bad_data", message)
+
+
+def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint that reads the form, calls `handler` and answers its ApiError as Prometheus does."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(await Form.read(request, MAX_PARAM), request)
+        except ApiError as err:
+            return api_error(err)
+
+    return endpoint
+
+
+async def buildinfo(request: Request) -> Response:
+    """/api/v1/status/buildinfo, with the Python implementation in goVersion."""
+    data = {
+        "version": __version__,
+        "revision": "",
+        "branch": "",
+        "buildUser": "",
+        "buildDate": "",
+        "goVersion": f"{platform.python_implementation().lower()}{platform.python_version()}",
+    }
+    return JSONAnswer({"status": "success", "data": data})
+
+
+async def healthy(request: Request) -> Response:
+    """/-/healthy: always."""
+    return PlainTextResponse("vllm-watchdog is Healthy.\n")
+
+
+class QueryApi:
+    """The query API's handlers, one method per route, over what its options give them."""
+
+    def __init__(self, options: QueryOptions) -> None:
+        self.options = options
+        self.runner = options.runner
+
+    def routes(self) -> list[Route]:
+        """The routes; each answers Prometheus' JSON, and its errors Prometheus' errorType and status."""
+        both = ["GET", "POST"]
+        return [
+            Route("/api/v1/query", _api(self.query), methods=both),
+            Route("/api/v1/query_range", _api(self.query_range), methods=both),
+            Route("/api/v1/series", _api(self.series), methods=both),
+            Route("/api/v1/labels", _api(self.label_names), methods=both),
+            Route("/api/v1/label/{name}/values", _api(self.label_values)),
+            Route("/api/v1/status/buildinfo", buildinfo),
+            Route("/-/healthy", healthy),
+            Route("/-/ready", self.ready),
+        ]
+
+    def _engine(self) -> Engine:
+        g = self.options.config().global_
+        return Engine(self.options.store(), lookback=g.lookback_delta, default_step=g.evaluation_interval)
+
+    def _result(self, value: Value) -> dict[str, Any]:
         if _count(value) > MAX_SAMPLES:
             raise ApiError(
                 "execution",
@@ -157,70 +244,45 @@ def query_routes(options: QueryOptions) -> list[Route]:
             )
         data = result_json(value)
         if isinstance(value, Vector | Matrix):
-            red = options.redactor()
+            red = self.options.redactor()
             for item in data["result"]:
                 item["metric"] = red.value(item["metric"])
         return data
 
-    def evaluated(evaluate: Callable[[Callable[[], None]], Value], seconds: float) -> dict[str, Any]:
+    def _evaluated(self, evaluate: Callable[[Callable[[], None]], Value], seconds: float) -> dict[str, Any]:
         try:
-            return result(evaluate(_deadline(options.monotonic, seconds)))
+            return self._result(evaluate(_deadline(self.options.monotonic, seconds)))
         except QueryTimeout as exc:
             raise ApiError("timeout", str(exc)) from None
         except QueryError as exc:
             raise ApiError("execution", str(exc)) from None
 
-    def compiled(text: str, prefix: bool) -> str:
-        try:
-            compile_expr(text)
-        except PromQLError as exc:
-            message = f"1:{(exc.position or 0) + 1}: parse error: {exc.message}"
-            raise (bad_param("query", message) if prefix else ApiError("bad_data", message)) from None
-        return text
-
-    async def query(form: Form, request: Request) -> Response:
-        at = parse_time(form.get("time"), "time") if form.get("time") else options.clock()
+    async def query(self, form: Form, request: Request) -> Response:
+        """/api/v1/query."""
+        at = parse_time(form.get("time"), "time") if form.get("time") else self.options.clock()
         seconds, text = _timeout(form), form.get("query")
 
         def work() -> dict[str, Any]:
-            expr = compiled(text, prefix=True)
-            return evaluated(lambda tick: engine().query(expr, at, tick=tick), seconds)
+            expr = _compiled(text, prefix=True)
+            return self._evaluated(lambda tick: self._engine().query(expr, at, tick=tick), seconds)
 
-        return await answered(runner, request, lambda: encoded(work), seconds)
+        return await answered(self.runner, request, lambda: encoded(work), seconds)
 
-    async def query_range(form: Form, request: Request) -> Response:
-        start = parse_time(form.get("start"), "start")
-        end = parse_time(form.get("end"), "end")
-        if end < start:
-            raise bad_param("end", "end timestamp must not be before start time")
-        step = parse_seconds(form.get("step"), "step")
-        if step <= 0:
-            raise bad_param(
-                "step",
-                "zero or negative query resolution step widths are not accepted. Try a positive integer",
-            )
-        if (end - start) // step > MAX_POINTS:
-            raise ApiError(
-                "bad_data",
-                "exceeded maximum resolution of 11,000 points per timeseries. "
-                "Try decreasing the query resolution (?step=XX)",
-            )
+    async def query_range(self, form: Form, request: Request) -> Response:
+        """/api/v1/query_range."""
+        start, end, step = _range(form)
         seconds, text = _timeout(form), form.get("query")
 
         def work() -> dict[str, Any]:
-            expr = compiled(text, prefix=False)
-            kind = compile_plan(expr).kind
-            if kind not in ("vector", "scalar"):
-                name = "range vector" if kind == "matrix" else kind
-                message = (
-                    f'invalid expression type "{name}" for range query, must be Scalar or instant Vector'
-                )
-                raise ApiError("bad_data", message)
-            return evaluated(lambda tick: engine().query_range(expr, start, end, step, tick=tick), seconds)
+            expr = _compiled(text, prefix=False)
+            _instant_kind(expr)
+            return self._evaluated(
+                lambda tick: self._engine().query_range(expr, start, end, step, tick=tick), seconds
+            )
 
-        return await answered(runner, request, lambda: encoded(work), seconds)
+        return await answered(self.runner, request, lambda: encoded(work), seconds)
 
-    def matcher(form: Form, limit: int | None) -> Callable[[], list[Labels]]:
+    def _matcher(self, form: Form, limit: int | None) -> Callable[[], list[Labels]]:
         """What finds the label sets of the stored series that a match[] selector picks (every series if
         there is none and no `limit`), with a sample between `start` and `end`; ApiError past `limit`."""
         texts = form.all("match[]")
@@ -229,11 +291,12 @@ def query_routes(options: QueryOptions) -> list[Route]:
         end = parse_time(form.get("end"), "end") if form.get("end") else None
         lo = -(2**62) if start is None else round(start * 1000)
         hi = 2**62 if end is None else round(end * 1000)
+        store = self.options.store
 
         def find() -> list[Labels]:
             found: set[Labels] = set()
             for sel in selectors:
-                for s in options.store().select(sel.name, sel.predicate()):
+                for s in store().select(sel.name, sel.predicate()):
                     if s.ts and s.ts[0] <= hi and s.ts[-1] >= lo:
                         found.add(s.labels)
                         if limit is not None and len(found) > limit:
@@ -242,67 +305,41 @@ def query_routes(options: QueryOptions) -> list[Route]:
 
         return find
 
-    async def series(form: Form, request: Request) -> Response:
-        find = matcher(form, MAX_SERIES)
+    async def series(self, form: Form, request: Request) -> Response:
+        """/api/v1/series."""
+        find = self._matcher(form, MAX_SERIES)
 
         def work() -> list[Any]:
-            red = options.redactor()
+            red = self.options.redactor()
             return [red.value(dict(ls)) for ls in find()]
 
-        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
+        return await answered(self.runner, request, lambda: encoded(work), QUERY_TIMEOUT)
 
-    async def label_names(form: Form, request: Request) -> Response:
-        find = matcher(form, None)
+    async def label_names(self, form: Form, request: Request) -> Response:
+        """/api/v1/labels."""
+        find = self._matcher(form, None)
         work = lambda: sorted({k for ls in find() for k, _ in ls})  # noqa: E731
-        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
+        return await answered(self.runner, request, lambda: encoded(work), QUERY_TIMEOUT)
 
-    async def label_values(form: Form, request: Request) -> Response:
+    async def label_values(self, form: Form, request: Request) -> Response:
+        """/api/v1/label/{name}/values."""
         name = request.path_params["name"]
         if not _label_name(name):
             raise ApiError("bad_data", f"invalid label name: {name[:64]!r}")
-        find = matcher(form, None)
+        find = self._matcher(form, None)
 
         def work() -> Any:
-            return options.redactor().value(sorted({v for ls in find() for k, v in ls if k == name}))
+            return self.options.redactor().value(sorted({v for ls in find() for k, v in ls if k == name}))
 
-        return await answered(runner, request, lambda: encoded(work), QUERY_TIMEOUT)
+        return await answered(self.runner, request, lambda: encoded(work), QUERY_TIMEOUT)
 
-    def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(await Form.read(request, MAX_PARAM), request)
-            except ApiError as err:
-                return api_error(err)
-
-        return endpoint
-
-    async def buildinfo(request: Request) -> Response:
-        data = {
-            "version": __version__,
-            "revision": "",
-            "branch": "",
-            "buildUser": "",
-            "buildDate": "",
-            "goVersion": f"{platform.python_implementation().lower()}{platform.python_version()}",
-        }
-        return JSONAnswer({"status": "success", "data": data})
-
-    async def healthy(request: Request) -> Response:
-        return PlainTextResponse("vllm-watchdog is Healthy.\n")
-
-    async def ready(request: Request) -> Response:
-        if options.ready():
+    async def ready(self, request: Request) -> Response:
+        """/-/ready: 503 until the daemon is ready."""
+        if self.options.ready():
             return PlainTextResponse("vllm-watchdog is Ready.\n")
         return PlainTextResponse("Service Unavailable", status_code=503)
 
-    both = ["GET", "POST"]
-    return [
-        Route("/api/v1/query", api(query), methods=both),
-        Route("/api/v1/query_range", api(query_range), methods=both),
-        Route("/api/v1/series", api(series), methods=both),
-        Route("/api/v1/labels", api(label_names), methods=both),
-        Route("/api/v1/label/{name}/values", api(label_values)),
-        Route("/api/v1/status/buildinfo", buildinfo),
-        Route("/-/healthy", healthy),
-        Route("/-/ready", ready),
-    ]
+
+def query_routes(options: QueryOptions) -> list[Route]:
+    """The routes; each answers Prometheus' JSON, and its errors Prometheus' errorType and status."""
+    return QueryApi(options).routes()
