@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .remediator import Remediator
+    from ..config.model import Config
+    from ..fleet.budget import DisruptionBudget
+    from ..statehealth import StateHealth
+    from .audit import Job
+    from .rails import Rails
+    from .retries import Retries
+    from .selfalerts import WatchdogAlerts
+    from .state import ActionStore
 
 
-def actions_status(r: Remediator, now: float, limit: int) -> dict[str, Any]:
+class Remediation(Protocol):
+    """What the status reads of the remediator (its parts, read-only)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def store(self) -> ActionStore: ...
+
+    @property
+    def state(self) -> StateHealth | None: ...
+
+    @property
+    def rails(self) -> Rails: ...
+
+    @property
+    def alerts(self) -> WatchdogAlerts: ...
+
+    @property
+    def budget(self) -> DisruptionBudget: ...
+
+    @property
+    def retries(self) -> Retries: ...
+
+    @property
+    def current(self) -> dict[str, Job]: ...
+
+    @property
+    def queues(self) -> dict[str, deque[Job]]: ...
+
+
+def actions_status(r: Remediation, now: float, limit: int) -> dict[str, Any]:
     """History, queues, drains, pause, silences, budgets, own alerts, retries and the fleet's slots."""
     paused, reason, since = r.store.paused()
     budgets = {
