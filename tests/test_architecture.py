@@ -82,14 +82,6 @@ EXCEPTIONS: Mapping[tuple[str, str], str] = {
         "the monitor stores only the metric families the rules read and keeps history as far back as they "
         "look (store_needs); the daemon could compute StoreNeeds and hand it over instead of the rule groups"
     ),
-    (f"{PACKAGE}.redact", f"{PACKAGE}.config.model"): (
-        "type only (under TYPE_CHECKING): config_secrets walks the Config for its secret fields; "
-        "it could move to config/ with ConfigRedactors"
-    ),
-    (f"{PACKAGE}.redact", f"{PACKAGE}.config.httpclient"): (
-        "type only (under TYPE_CHECKING): config_secrets reads the inline passwords and credentials of each "
-        "endpoint's HTTP client settings; it could move to config/ with ConfigRedactors"
-    ),
 }
 
 

@@ -1,24 +1,22 @@
 """Secret redaction for what the watchdog shows: its log lines and its own API's answers.
 
-Two kinds of secret are masked. Known values: the ones the config holds (`api_token`, canary API keys,
-secret notifier and rule-backend headers, URL passwords, secret-named `env` values and command-line flags,
-gateway API keys), registered with `config_secrets`. And shapes that are secret whatever their value: the
-value of a secret-named flag (`--api-key VALUE`, `--hf-token=VALUE`), variable or field (`HF_TOKEN=...`,
-`"password": ...`), the password in a URL (`https://user:PASSWORD@host`) and a `Bearer`/`Basic` credential.
+Two kinds of secret are masked. Known values: the ones the config holds, gathered by `config_secrets` from the
+fields each config section declares secret (`secret(...)` in a dataclass field's metadata, or a section's
+`secret_fields()`: `api_token`, canary API keys, secret notifier and rule-backend headers, URL passwords,
+secret-named `env` values and command-line flags, gateway API keys, ...). And shapes that are secret
+whatever their value: the value of a secret-named flag (`--api-key VALUE`, `--hf-token=VALUE`), variable or
+field (`HF_TOKEN=...`, `"password": ...`), the password in a URL (`https://user:PASSWORD@host`) and a
+`Bearer`/`Basic` credential.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
-
-if TYPE_CHECKING:
-    from .config.httpclient import HttpClientConfig
-    from .config.model import Config
 
 MASK = "<redacted>"
 # Known values shorter than this are not masked by value (a 3-letter token would mask every "tok" in the
@@ -220,33 +218,71 @@ def _argv_values(args: Sequence[str]) -> list[str]:
     return out
 
 
-def _client_secrets(http: HttpClientConfig) -> list[str]:
-    """Inline basic-auth passwords and authorization credentials (those in files are in env_secrets)."""
-    basic, auth = http.basic_auth, http.authorization
-    return [v for v in (basic and basic.password, auth and auth.credentials) if v]
+Extract = Callable[[Any], Iterable[str]]
+SECRET = "vllm_watchdog.secret"  # the field metadata key of a declaration
 
 
-def config_secrets(config: Config) -> tuple[str, ...]:
-    """Every secret value the config holds, for `Redactor.of`."""
-    values: list[str] = list(config.env_secrets)
-    if config.api_token:
-        values.append(config.api_token)
-    # A discovery's template holds the canary key and credentials of every target it finds.
-    templates = [sd.target for sd in config.file_sd_configs] + [sd.target for sd in config.docker_sd_configs]
-    for t in (*config.targets, *templates):
-        if t.canary.api_key:
-            values.append(t.canary.api_key)
-        values += _url_password(t.url) + _client_secrets(t.http)
-        values += [v for k, v in t.env.items() if is_secret_name(k)]
-        values += _argv_values(t.command)
-    for n in config.notifiers:
-        values += _header_values(n.headers) + _url_password(n.url) + _client_secrets(n.http)
-    if (b := config.rule_backend) is not None:
-        values += _header_values(b.headers) + _url_password(b.url) + _client_secrets(b.http)
-    values += _url_password(config.gpus.dcgm_url)
-    if config.gateway is not None:
-        values += list(config.gateway.priority.api_keys)
-    return tuple(v for v in values if v)
+def secret(extract: Extract | None = None) -> dict[str, Extract]:
+    """Field metadata declaring a config field secret: `extract` gives its secret values (default: whole)."""
+    return {SECRET: extract or whole}
+
+
+def whole(value: Any) -> list[str]:
+    """All of it: a string, or each string of a collection."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, (tuple, list, frozenset)) else []
+
+
+def url_password(value: Any) -> list[str]:
+    """The password (or lone user part: a token) of a URL, or of each URL of a collection."""
+    return [p for url in whole(value) for p in _url_password(url)]
+
+
+def secret_headers(value: Mapping[str, str]) -> list[str]:
+    """The values of secret-named headers, and the credential of an `Authorization: Bearer X`."""
+    return _header_values(value)
+
+
+def secret_named(value: Mapping[str, str]) -> list[str]:
+    """The values of secret-named keys (`HF_TOKEN` of an environment)."""
+    return [v for k, v in value.items() if is_secret_name(k)]
+
+
+def secret_flags(value: Sequence[str]) -> list[str]:
+    """The values of secret-named flags of a command line (`--api-key X`, `--api-key=X`)."""
+    return _argv_values(value)
+
+
+def secret_keys(value: Mapping[str, Any]) -> list[str]:
+    """The keys of a mapping (API key -> class)."""
+    return [k for k in value if isinstance(k, str)]
+
+
+def declared_secrets(section: object) -> list[str]:
+    """The secret values a config section holds, as its fields declare them, through nested sections.
+
+    A field declares itself with `secret(...)` metadata; a section whose declarations depend on its own
+    values (a notifier: on its type) gives them, by field name, from a `secret_fields()` method."""
+    if is_dataclass(section) and not isinstance(section, type):
+        own = getattr(section, "secret_fields", None)
+        declared: Mapping[str, Extract] = own() if callable(own) else {}
+        out: list[str] = []
+        for f in fields(section):
+            value = getattr(section, f.name)
+            extract = declared.get(f.name, f.metadata.get(SECRET))
+            out += extract(value) if extract is not None else declared_secrets(value)
+        return out
+    if isinstance(section, Mapping):
+        section = list(section.values())
+    if isinstance(section, (tuple, list, frozenset)):
+        return [v for item in section if not isinstance(item, str) for v in declared_secrets(item)]
+    return []
+
+
+def config_secrets(config: object) -> tuple[str, ...]:
+    """Every secret value the config holds, as its sections declare them, for `Redactor.of`."""
+    return tuple(v for v in declared_secrets(config) if v)
 
 
 class ConfigRedactors:
@@ -256,7 +292,7 @@ class ConfigRedactors:
         self._config: object = None
         self._redactor = Redactor()
 
-    def get(self, config: Config) -> Redactor:
+    def get(self, config: object) -> Redactor:
         """The redactor for `config`."""
         if config is not self._config:
             self._config, self._redactor = config, Redactor.of(config_secrets(config))

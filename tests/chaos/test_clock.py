@@ -34,7 +34,7 @@ from vllm_watchdog.gateway.locallink import LocalLink
 from vllm_watchdog.gateway.server import GatewayServer
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.config import NotifierConfig
-from vllm_watchdog.notifiers.hub import NotificationHub
+from vllm_watchdog.notifiers.hub import HubOptions, NotificationHub
 from vllm_watchdog.promql.values import Sample, Vector
 from vllm_watchdog.ruler.alerting import AlertingRule, AlertState
 from vllm_watchdog.ruler.files import Rule
@@ -168,7 +168,7 @@ async def test_notifier_backoff_survives_the_clock_going_back(fault: FaultServer
     waiting = OutgoingAlert({"alertname": "Waiting"}, {}, "firing", T0, T0 + 240, 1.0)
     async with httpx.AsyncClient(trust_env=False) as client:
         hub = NotificationHub(
-            (_hook(f"http://127.0.0.1:{free_port()}/hook"),), None, client, clock=lambda: T0
+            (_hook(f"http://127.0.0.1:{free_port()}/hook"),), HubOptions(client, clock=lambda: T0)
         )
         hub.alerts([waiting], T0)
         await hub.deliver(T0)

@@ -15,7 +15,7 @@ from tests.support.faultserver import FaultServer
 from tests.support.tlsfiles import Pki
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.notifiers.alert import OutgoingAlert
-from vllm_watchdog.notifiers.hub import NotificationHub
+from vllm_watchdog.notifiers.hub import HubOptions, NotificationHub
 
 pytestmark = pytest.mark.anyio
 T = 1_700_000_000.0
@@ -38,7 +38,7 @@ def notifiers(tmp_path: Path, *entries: dict[str, Any]) -> Any:
 
 async def deliver(tmp_path: Path, *entries: dict[str, Any]) -> dict[str, Any]:
     shared = httpx.AsyncClient(trust_env=False)  # the system's trust store: it knows nothing of the test CA
-    hub = NotificationHub(notifiers(tmp_path, *entries), None, shared)
+    hub = NotificationHub(notifiers(tmp_path, *entries), HubOptions(shared))
     try:
         hub.alerts([ALERT], T)
         await hub.deliver(T)
@@ -91,7 +91,7 @@ async def test_an_alertmanager_with_a_bearer_token_file_that_is_gone_is_retried(
     entries = notifiers(tmp_path, am)
     (tmp_path / "token").unlink()
     shared = httpx.AsyncClient(trust_env=False)
-    hub = NotificationHub(entries, None, shared)
+    hub = NotificationHub(entries, HubOptions(shared))
     try:
         hub.alerts([ALERT], T)
         await hub.deliver(T)

@@ -30,7 +30,7 @@ from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.alertmanager import alerts_body, am_time, api_url
 from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.delivery import MAX_BATCH, backoff, retry_after
-from vllm_watchdog.notifiers.hub import ActionEvent, NotificationHub
+from vllm_watchdog.notifiers.hub import ActionEvent, HubOptions, NotificationHub
 from vllm_watchdog.notifiers.webhook import alerts_payload, event_payload, fingerprint, webhook_alert
 
 pytestmark = pytest.mark.anyio
@@ -153,10 +153,12 @@ async def hub_for(
     async with httpx.AsyncClient(trust_env=False) as client:
         hub = NotificationHub(
             notifiers,
-            str(db) if db else None,
-            client,
-            external_url="http://127.0.0.1:9099",
-            clock=clock or Clock(),
+            HubOptions(
+                client,
+                str(db) if db else None,
+                external_url="http://127.0.0.1:9099",
+                clock=clock or Clock(),
+            ),
         )
         try:
             yield hub

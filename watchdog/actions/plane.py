@@ -23,7 +23,7 @@ from ..gateway.link import GatewayLink
 from ..gateway.process import process_link
 from ..gateway.snapshot import GatewaySnapshot
 from ..notifiers.alert import OutgoingAlert
-from ..notifiers.hub import NotificationHub
+from ..notifiers.hub import HubOptions, NotificationHub
 from ..promql.engine import Engine
 from ..promql.values import QueryError, Vector
 from ..statehealth import StateHealth
@@ -107,12 +107,14 @@ class ActionPlane:
         self.client = options.client_factory()
         self.hub = NotificationHub(
             config.notifiers,
-            os.path.join(state, NOTIFY_DB) if state else None,
-            self.client,
-            external_url=config.web_external_url,
-            clock=clock,
-            state_health=self.health,
-            tls_client=lambda tls: options.client_factory(None, tls),
+            HubOptions(
+                self.client,
+                os.path.join(state, NOTIFY_DB) if state else None,
+                external_url=config.web_external_url,
+                clock=clock,
+                state_health=self.health,
+                tls_client=lambda tls: options.client_factory(None, tls),
+            ),
         )
         self.hub.external_labels = config.global_.external_labels
         nvml = options.nvml

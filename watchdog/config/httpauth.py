@@ -17,12 +17,10 @@ import re
 import socket
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .files import UnreadableFileError, read_text
-
-if TYPE_CHECKING:
-    from .httpclient import HttpClientConfig, TlsConfig
+from .httpclient import HttpClientConfig, TlsConfig
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

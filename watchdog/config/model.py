@@ -19,11 +19,12 @@ from ..errors import ConfigError, Problem
 from ..fleet.config import FleetConfig, parse_fleet
 from ..gateway.config import GatewayConfig, parse_gateway
 from ..notifiers.config import NotifierConfig
-from ..redact import Redactor
+from ..redact import Redactor, secret, secret_headers, url_password
 from .addresses import http_url, parse_listen
 from .durations import parse_duration
 from .files import UnreadableFileError, read_text, resolve_bundled
-from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, TlsConfig, parse_http_client
+from .httpclient import HttpClientConfig, TlsConfig
+from .httpkeys import HTTP_CLIENT_KEYS, parse_http_client
 from .includes import BUNDLED_PREFIX, merge_remediation, read_includes
 from .limits import LIMIT_KEYS, ScrapeLimits, parse_limits
 from .targets import DEFAULT_JOB, TargetConfig, parse_target
@@ -65,15 +66,15 @@ class GpuConfig:
     """Where GPU signals come from: NVML in-process, a dcgm-exporter, or both."""
 
     nvml: bool = False
-    dcgm_url: str | None = None
+    dcgm_url: str | None = field(default=None, metadata=secret(url_password))
 
 
 @dataclass(frozen=True)
 class RemoteBackendConfig:
     """Evaluate rule expressions on a Prometheus-compatible server (Prometheus, Thanos, Mimir)."""
 
-    url: str
-    headers: Mapping[str, str] = field(default_factory=dict)
+    url: str = field(metadata=secret(url_password))
+    headers: Mapping[str, str] = field(default_factory=dict, metadata=secret(secret_headers))
     timeout: float = 10.0
     verify_tls: bool = True  # False is tls_config.insecure_skip_verify, which the client settings carry
     http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials
@@ -87,7 +88,7 @@ class Config:
     global_: GlobalConfig = field(default_factory=GlobalConfig)
     listen_host: str = "127.0.0.1"
     listen_port: int = 9460
-    api_token: str | None = None
+    api_token: str | None = field(default=None, metadata=secret())
     targets: tuple[TargetConfig, ...] = ()
     gpus: GpuConfig = field(default_factory=GpuConfig)
     rule_files: tuple[str, ...] = ()
@@ -107,7 +108,7 @@ class Config:
     docker_sd_configs: tuple[DockerSdConfig, ...] = ()  # targets found as labelled containers
     # Values substituted from the environment into secret fields or from secret-named variables, and the
     # passwords and tokens read from credential files at load.
-    env_secrets: tuple[str, ...] = field(default=(), repr=False)
+    env_secrets: tuple[str, ...] = field(default=(), repr=False, metadata=secret())
 
     @property
     def web_external_url(self) -> str:

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..redact import secret, secret_flags, secret_named, url_password
 from .addresses import http_url, scrape_address
 from .durations import parse_duration
-from .httpclient import HTTP_CLIENT_KEYS, HttpClientConfig, parse_http_client
+from .httpclient import HttpClientConfig
+from .httpkeys import HTTP_CLIENT_KEYS, parse_http_client
 from .limits import LIMIT_KEYS, ScrapeLimits, parse_limits
 from .yamlnodes import Node
 
@@ -29,7 +31,7 @@ class CanaryConfig:
     max_tokens: int = 1
     interval: float = 5.0
     timeout: float = 10.0
-    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token (vLLM --api-key)
+    api_key: str | None = field(default=None, repr=False, metadata=secret())  # bearer (vLLM --api-key)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class TargetConfig:
     """One vLLM server to watch."""
 
     name: str
-    url: str
+    url: str = field(metadata=secret(url_password))
     job: str = DEFAULT_JOB  # the `job` label, as the operator's Prometheus names its scrape job for vLLM
     container: str | None = None
     metrics_path: str = "/metrics"
@@ -57,8 +59,9 @@ class TargetConfig:
     health_probe: bool = True
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
-    command: tuple[str, ...] = ()  # process mode: the watchdog launches and supervises this vLLM
-    env: Mapping[str, str] = field(default_factory=dict)  # process mode: extra environment
+    # process mode: the watchdog launches and supervises this vLLM, with this extra environment
+    command: tuple[str, ...] = field(default=(), metadata=secret(secret_flags))
+    env: Mapping[str, str] = field(default_factory=dict, metadata=secret(secret_named))
     unit: str | None = None  # systemd mode: restart only
     gpus: tuple[int, ...] = ()  # NVML indices of the GPUs this server uses (gpu_power_limit)
     http: HttpClientConfig = field(default_factory=HttpClientConfig)  # TLS and credentials, every request

@@ -8,8 +8,10 @@ from urllib.parse import urlsplit
 
 from ..config.addresses import http_url
 from ..config.durations import parse_duration
-from ..config.httpclient import HttpClientConfig, parse_http_client
+from ..config.httpclient import HttpClientConfig
+from ..config.httpkeys import parse_http_client
 from ..config.yamlnodes import Node
+from ..redact import secret, url_password
 
 FLEET_KEYS = {
     "endpoints",
@@ -51,7 +53,7 @@ class MaxDisrupted:
 class FleetConfig:
     """Where etcd is, which group this watchdog belongs to, and the group's disruption budget."""
 
-    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    endpoints: tuple[str, ...] = field(default=("http://127.0.0.1:2379",), metadata=secret(url_password))
     group: str = "default"
     member: str = ""  # "": <hostname>:<listen port>
     max_disrupted: MaxDisrupted = field(default_factory=MaxDisrupted)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.durations import parse_duration, parse_size
+from ..redact import secret, secret_keys
 from .routes import ADMIN, admin_root
 
 if TYPE_CHECKING:  # the gateway process reads its config as JSON, not YAML
@@ -26,7 +27,7 @@ class PriorityConfig:
     header: str = "X-Priority"
     classes: tuple[str, ...] = ("interactive", "batch")
     default: str = "interactive"
-    api_keys: Mapping[str, str] = field(default_factory=dict)  # API key -> class
+    api_keys: Mapping[str, str] = field(default_factory=dict, metadata=secret(secret_keys))  # key -> class
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,15 @@ an alert whose `endsAt` is in the past is resolved.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..formats.rfc3339 import format_rfc3339, millis
 from .alert import OutgoingAlert
+from .notifier import Receiver
 
 API_PATH = "/api/v2/alerts"
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def api_url(url: str) -> str:
@@ -28,12 +28,8 @@ def api_url(url: str) -> str:
 
 
 def am_time(seconds: float) -> str:
-    """Unix seconds as strfmt.DateTime marshals them, e.g. `2024-05-01T12:00:00.250Z`."""
-    if not math.isfinite(seconds):
-        return "0001-01-01T00:00:00.000Z"
-    ms = round(seconds * 1000)
-    when = _EPOCH + timedelta(milliseconds=ms)
-    return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+    """Unix seconds as strfmt.DateTime marshals them (`2024-05-01T12:00:00.250Z`); not finite: zero."""
+    return format_rfc3339(millis(seconds) if math.isfinite(seconds) else None, fixed=True)
 
 
 def postable_alert(alert: OutgoingAlert) -> dict[str, Any]:
@@ -57,3 +53,33 @@ def alerts_body(alerts: Iterable[OutgoingAlert]) -> list[dict[str, Any]]:
 def alert_identity(labels: Mapping[str, str]) -> str:
     """The key Alertmanager identifies an alert by (its label set), as a stable string."""
     return "\x00".join(f"{k}\x01{v}" for k, v in sorted(labels.items()))
+
+
+class Alertmanager:
+    """The `alertmanager` kind: a queue that keeps the latest state of each alert, and no action events."""
+
+    type = "alertmanager"
+    takes_events = False
+
+    def identity(self, alert: OutgoingAlert) -> str:
+        """Alertmanager is state based: a newer state of an alert replaces a queued older one."""
+        return alert_identity(alert.labels)
+
+    def url(self, receiver: Receiver) -> str:
+        """The alerts endpoint of the configured URL."""
+        return api_url(receiver.url)
+
+    def headers(self, receiver: Receiver) -> Mapping[str, str]:
+        """The configured headers."""
+        return receiver.headers
+
+    def alerts_body(self, alerts: Sequence[OutgoingAlert], receiver: Receiver) -> Any:
+        """A list of PostableAlerts."""
+        return alerts_body(alerts)
+
+    def event_body(self, event: Mapping[str, Any], receiver: Receiver) -> Any:
+        """Never: an event queued for it is unusable."""
+        raise ValueError("Alertmanager does not take action events")
+
+
+ALERTMANAGER = Alertmanager()

@@ -2,8 +2,9 @@
 
 Each notifier has its own queue in one SQLite file. `alerts()` and `event()` only enqueue; `deliver()`
 makes one pass over every notifier that is not backing off, sending its due items in batches, notifiers in
-parallel. An Alertmanager queue holds the latest state of each alert (a newer state replaces a queued
-older one: Alertmanager is state based); a webhook queue keeps every item, in order.
+parallel. What is queued and what is sent is the notifier's kind's to say (`notifier.Notifier`): an
+Alertmanager queue holds the latest state of each alert (its kind gives each alert an identity), a webhook
+queue keeps every item, in order; the hub never asks which kind it holds.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from ..config.httpauth import ClientSettings, CredentialError
 from ..matchers import matches_all
 from ..statehealth import StateHealth
 from .alert import OutgoingAlert
-from .alertmanager import alert_identity, alerts_body, api_url
 from .config import NotifierConfig
 from .delivery import MAX_BATCH, Outcome, backoff, decode_alert, decode_event, encode_alert, post
+from .notifier import Notifier, Receiver
 from .queue import DeliveryQueue, Item, NewItem
-from .webhook import alerts_payload, event_payload
+from .registry import kind_of
 
 log = logging.getLogger(__name__)
 _UNUSABLE = (ValueError, KeyError, TypeError)
@@ -86,9 +87,11 @@ class NotifierStats:
 
 @dataclass
 class _Channel:
-    """One notifier's config and delivery state (the items themselves live in the queue)."""
+    """One notifier's config, kind and delivery state (the items themselves live in the queue)."""
 
     config: NotifierConfig
+    kind: Notifier
+    receiver: Receiver
     sent: int = 0
     failed: int = 0
     dropped: int = 0
@@ -104,10 +107,6 @@ class _Channel:
     client: httpx.AsyncClient | None = None  # its own client, where it has TLS settings
     client_tls: ssl.SSLContext | None = None  # the context that client was built with
 
-    @property
-    def is_alertmanager(self) -> bool:
-        return self.config.type == "alertmanager"
-
     def credentials(self) -> ClientSettings:
         if self.settings is None or self.settings.config != self.config.http:
             self.settings = ClientSettings(self.config.http)
@@ -118,26 +117,29 @@ def _tls_client(tls: ssl.SSLContext) -> httpx.AsyncClient:
     return httpx.AsyncClient(verify=tls, trust_env=False)
 
 
-class NotificationHub:
-    """Alert and action-event delivery to every configured notifier, queued in `db_path` (None: memory)."""
+@dataclass(frozen=True)
+class HubOptions:
+    """What a NotificationHub is wired to, defaults filled at construction (Prometheus' ManagerOptions)."""
 
-    def __init__(
-        self,
-        notifiers: tuple[NotifierConfig, ...],
-        db_path: str | None,
-        client: httpx.AsyncClient,
-        *,
-        external_url: str = "",
-        clock: Callable[[], float] = time.time,
-        state_health: StateHealth | None = None,
-        tls_client: Callable[[ssl.SSLContext], httpx.AsyncClient] = _tls_client,
-    ) -> None:
-        self._queue = DeliveryQueue(db_path, health=state_health)  # falls back to memory if it cannot write
-        self._client = client  # shared by the notifiers without TLS settings of their own
-        self._tls_client = tls_client  # a client of its own for each notifier with TLS settings
+    client: httpx.AsyncClient  # shared by the notifiers without TLS settings of their own
+    db_path: str | None = None  # the queue's SQLite file; None: memory
+    external_url: str = ""  # the watchdog's, in webhook payloads
+    clock: Callable[[], float] = time.time  # stamps answers (last_success, last_error_at) when they arrive
+    state_health: StateHealth | None = None  # told when the queue's file cannot be written
+    tls_client: Callable[[ssl.SSLContext], httpx.AsyncClient] = _tls_client  # per notifier with TLS settings
+
+
+class NotificationHub:
+    """Alert and action-event delivery to every configured notifier, queued in `options.db_path`."""
+
+    def __init__(self, notifiers: tuple[NotifierConfig, ...], options: HubOptions) -> None:
+        # The queue falls back to memory if it cannot write.
+        self._queue = DeliveryQueue(options.db_path, health=options.state_health)
+        self._client = options.client
+        self._tls_client = options.tls_client
         self._old_clients: list[httpx.AsyncClient] = []
-        self._external_url = external_url
-        self._clock = clock  # stamps answers (last_success, last_error_at) when they arrive
+        self._external_url = options.external_url
+        self._clock = options.clock
         self._channels: dict[str, _Channel] = {}
         self.external_labels: Mapping[str, str] = {}  # added to sent alerts that lack them, as Prometheus
         self.update(notifiers)
@@ -152,17 +154,17 @@ class NotificationHub:
         for ch in list(self._channels.values()):
             cfg = ch.config
             items = [
-                NewItem("alert", encode_alert(a), alert_identity(a.labels) if ch.is_alertmanager else None)
+                NewItem("alert", encode_alert(a), ch.kind.identity(a))
                 for a in alerts
                 if (a.state != "resolved" or cfg.send_resolved) and matches_all(cfg.matchers, a.labels)
             ]
             self._push(ch, items, now)
 
     def event(self, event: ActionEvent, now: float) -> None:
-        """Queue an action event for every webhook whose matchers select its labels."""
+        """Queue an action event for every notifier that takes them and whose matchers select its labels."""
         body = json.dumps(event.to_json(), sort_keys=True)
         for ch in list(self._channels.values()):
-            if not ch.is_alertmanager and matches_all(ch.config.matchers, event.labels):
+            if ch.kind.takes_events and matches_all(ch.config.matchers, event.labels):
                 self._push(ch, [NewItem("event", body)], now)
 
     def _push(self, ch: _Channel, items: list[NewItem], now: float) -> None:
@@ -231,13 +233,10 @@ class NotificationHub:
 
     def _batch(self, ch: _Channel, items: list[Item]) -> tuple[list[Item], Any]:
         """The next batch from the head of a queue and its payload (None: the head item was unusable)."""
-        cfg = ch.config
         head = items[0]
         try:
-            if head.kind == "event":
-                if ch.is_alertmanager:
-                    raise ValueError("Alertmanager does not take action events")
-                return [head], event_payload(decode_event(head.body), cfg.name, self._external_url)
+            if head.kind == "event":  # queued for a kind that takes none: its body says it is unusable
+                return [head], ch.kind.event_body(decode_event(head.body), ch.receiver)
             batch: list[Item] = []
             alerts: list[OutgoingAlert] = []
             for item in _leading(items, "alert"):
@@ -251,14 +250,12 @@ class NotificationHub:
         except _UNUSABLE as exc:
             self._fail(ch, [head], f"unusable queued item: {exc}")
             return [head], None
-        if ch.is_alertmanager:
-            return batch, alerts_body(alerts)
-        return batch, alerts_payload(alerts, cfg.name, self._external_url)
+        return batch, ch.kind.alerts_body(alerts, ch.receiver)
 
     async def _send(self, ch: _Channel, batch: list[Item], payload: Any, now: float) -> bool:
         """Post one batch; True if the notifier may go on with the next one."""
         cfg = ch.config
-        url = api_url(cfg.url) if ch.is_alertmanager else cfg.url
+        url = ch.kind.url(ch.receiver)
         try:
             client, headers = self._client_of(ch)
         except CredentialError as exc:  # a file that cannot be read now may be readable at the next try
@@ -297,7 +294,7 @@ class NotificationHub:
         """The client and headers of the notifier's next request: credentials read now, a client of its own
         built again when a TLS file changed."""
         settings = ch.credentials()
-        headers = ch.config.headers
+        headers = ch.kind.headers(ch.receiver)
         value = settings.authorization()
         if value is not None:
             headers = {**headers, "Authorization": value}
@@ -332,13 +329,24 @@ class NotificationHub:
                 log.info("notifier removed, dropped its queue", extra={"notifier": name, "items": n})
         for name, cfg in wanted.items():
             kept = self._channels.get(name)
+            kind, receiver = self._kind(cfg), self._receiver(cfg)
             if kept is None:
-                self._channels[name] = _Channel(cfg)
+                self._channels[name] = _Channel(cfg, kind, receiver)
                 continue
             if cfg.url != kept.config.url:  # another receiver: no reason to wait out the old one's backoff
                 kept.attempts, kept.next_attempt = 0, None
-            kept.config = cfg
+            kept.config, kept.kind, kept.receiver = cfg, kind, receiver
             kept.dropped += self._queue.trim(name, cfg.max_queue)
+
+    @staticmethod
+    def _kind(cfg: NotifierConfig) -> Notifier:
+        kind = kind_of(cfg.type)
+        if kind is None:  # the config refuses an unknown type
+            raise ValueError(f"unknown notifier type {cfg.type!r}")
+        return kind
+
+    def _receiver(self, cfg: NotifierConfig) -> Receiver:
+        return Receiver(cfg.name, cfg.url, cfg.headers, self._external_url, cfg.options)
 
     def stats(self) -> dict[str, NotifierStats]:
         """Per notifier: queued, sent, failed, dropped, retries, last error and success, next attempt."""

@@ -31,8 +31,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..templates.gotime import rfc3339
+from ..formats.rfc3339 import format_rfc3339, millis
 from .alert import OutgoingAlert
+from .notifier import Receiver
 
 VERSION = "4"
 _OFFSET64 = 14695981039346656037
@@ -51,10 +52,6 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return f"{h:016x}"
 
 
-def _seconds_to_rfc3339(seconds: float) -> str:
-    return rfc3339(round(seconds * 1000))
-
-
 def webhook_alert(alert: OutgoingAlert) -> dict[str, Any]:
     """One entry of `alerts`, as Alertmanager's template data shows it."""
     resolved = alert.state == "resolved"
@@ -62,9 +59,9 @@ def webhook_alert(alert: OutgoingAlert) -> dict[str, Any]:
         "status": "resolved" if resolved else "firing",
         "labels": dict(alert.labels),
         "annotations": dict(alert.annotations),
-        "startsAt": _seconds_to_rfc3339(alert.starts_at),
+        "startsAt": format_rfc3339(millis(alert.starts_at)),
         # Alertmanager hides the end of an alert that has not ended yet.
-        "endsAt": _seconds_to_rfc3339(alert.ends_at) if resolved else rfc3339(None),
+        "endsAt": format_rfc3339(millis(alert.ends_at) if resolved else None),
         "generatorURL": alert.generator_url,
         "fingerprint": fingerprint(alert.labels),
     }
@@ -104,7 +101,7 @@ def event_payload(event: Mapping[str, Any], receiver: str, external_url: str) ->
     group = {"action": str(event.get("action", "")), "target": str(event.get("target", ""))}
     body = dict(event)
     if isinstance(body.get("at"), (int, float)):
-        body["at"] = _seconds_to_rfc3339(float(body["at"]))
+        body["at"] = format_rfc3339(millis(float(body["at"])))
     return {
         "version": VERSION,
         "type": "action",
@@ -119,3 +116,33 @@ def event_payload(event: Mapping[str, Any], receiver: str, external_url: str) ->
         "alerts": [],
         "event": body,
     }
+
+
+class Webhook:
+    """The `webhook` kind: every alert and action event, in the order they were queued."""
+
+    type = "webhook"
+    takes_events = True
+
+    def identity(self, alert: OutgoingAlert) -> None:
+        """Every alert is kept."""
+        return None
+
+    def url(self, receiver: Receiver) -> str:
+        """The configured URL."""
+        return receiver.url
+
+    def headers(self, receiver: Receiver) -> Mapping[str, str]:
+        """The configured headers."""
+        return receiver.headers
+
+    def alerts_body(self, alerts: Sequence[OutgoingAlert], receiver: Receiver) -> Any:
+        """The Alertmanager-webhook payload of one batch."""
+        return alerts_payload(alerts, receiver.name, receiver.external_url)
+
+    def event_body(self, event: Mapping[str, Any], receiver: Receiver) -> Any:
+        """The payload of one action event."""
+        return event_payload(event, receiver.name, receiver.external_url)
+
+
+WEBHOOK = Webhook()
