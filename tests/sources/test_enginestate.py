@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.support.clock import T0
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
-from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.metrics import MonitorCollector
 from vllm_watchdog.sources.enginestate import STATE_SERIES
 from vllm_watchdog.sources.monitor import Monitor
 from vllm_watchdog.sources.selffeed import SelfFeed
@@ -187,7 +187,7 @@ async def test_the_state_series_are_exported_with_the_targets_labels_and_fed_bac
     fault.set("/is_paused", {"is_paused": True})
     mon = monitor(fault.url)
     await probed(mon, T0)
-    collector = WatchdogCollector(mon, DaemonCounters())
+    collector = MonitorCollector(mon)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     text = generate_latest(registry).decode()

@@ -14,7 +14,7 @@ from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.ruler.files import parse_rule_file
-from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.metrics import MonitorCollector
 from vllm_watchdog.sources.monitor import GC_SLACK, SUMMARY_EVERY, Monitor
 
 pytestmark = pytest.mark.anyio
@@ -140,7 +140,7 @@ async def test_out_of_bounds_samples_are_warned_once_and_exported(
         ("error on ingesting samples that are too old or are too far into the future", 1)
     ]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WatchdogCollector(mon, DaemonCounters()))
+    registry.register(MonitorCollector(mon))
     text = generate_latest(registry).decode()
     labels = f'instance="{fault.url.removeprefix("http://")}",job="vllm",target="t"'  # Prometheus' instance
     assert f"vllm_watchdog_scrape_samples_out_of_bounds_total{{{labels}}} 10.0" in text

@@ -17,7 +17,7 @@ from tests.support.faultserver import FaultServer
 from vllm_watchdog.api.targets import targets_json
 from vllm_watchdog.config.limits import ScrapeLimits
 from vllm_watchdog.config.model import parse_config
-from vllm_watchdog.service.selfmetrics import DaemonCounters, WatchdogCollector
+from vllm_watchdog.sources.metrics import MonitorCollector
 from vllm_watchdog.sources.monitor import Monitor
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.sources.serieslimits import label_bytes
@@ -187,7 +187,7 @@ async def test_a_target_sets_its_own_limits_and_the_api_and_metrics_show_the_fai
     assert got["strict"]["health"] == "down" and got["strict"]["lastError"] == error
     assert got["lax"]["health"] == "up"
     registry = CollectorRegistry()
-    registry.register(WatchdogCollector(mon, DaemonCounters()))
+    registry.register(MonitorCollector(mon))
     text = generate_latest(registry).decode()
     address = fault.url.removeprefix("http://")
     for kind, n in (("label_limits", 1), ("series_limit", 0)):

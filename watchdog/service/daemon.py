@@ -49,7 +49,7 @@ from .clockwatch import ClockWatch
 from .loading import load_all
 from .schedule import Job, Schedule
 from .sdstatus import daemon_status
-from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, WatchdogCollector
+from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, own_collectors
 
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
@@ -129,7 +129,7 @@ class Daemon:
         self.gateway_feed = GatewayFeed(mon.store)
         registry = CollectorRegistry(auto_describe=False)
         own = (
-            WatchdogCollector(mon, self.counters, self.evaluation, actions.health),
+            *own_collectors(mon, self.counters, self.evaluation, actions.health),
             ActionCollector(actions),
         )
         for collector in own:
