@@ -59,6 +59,9 @@ notifiers:
         text = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
     d.stop()
     await asyncio.wait_for(task, 10)
+    # Each stage registers its own collector: no family may come from two of them.
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), sorted(t for t in types if types.count(t) > 1)
     out: dict[str, dict[Labels, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
