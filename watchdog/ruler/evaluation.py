@@ -17,7 +17,7 @@ from ..promql.values import QueryError, QueryFunc, Vector
 from ..store import SampleStore
 from .alerting import ALERT_METRIC, FOR_STATE_METRIC
 from .files import RuleGroup
-from .groups import RuleManager, RuleManagerOptions
+from .groups import RuleManager, RuleManagerOptions, key_name
 
 if TYPE_CHECKING:
     from ..promql.remote import PrometheusBackend
@@ -33,10 +33,6 @@ class EvaluationStats:
     evaluations: dict[str, int] = field(default_factory=dict)
     last_duration: dict[str, float] = field(default_factory=dict)
     remote_failures: int = 0
-
-
-def _key_name(key: tuple[str, str]) -> str:
-    return f"{key[0]};{key[1]}"
 
 
 def _always() -> bool:
@@ -163,7 +159,7 @@ class RuleEvaluation:
     def _done(self, key: tuple[str, str], now: float, start: float) -> None:
         self.last_eval[key] = now
         self.options.on_alerts(self.manager.alerts_to_send(now), now)
-        name = _key_name(key)
+        name = key_name(key)
         self.stats.evaluations[name] = self.stats.evaluations.get(name, 0) + 1
         self.stats.last_duration[name] = self.monotonic() - start
 
