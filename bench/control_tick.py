@@ -17,8 +17,8 @@ import tempfile
 import time
 
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.process import GatewayProcess
-from vllm_watchdog.gateway.spec import spec_for
+from vllm_watchdog.gateway.control.process import GatewayProcess
+from vllm_watchdog.gateway.protocol.spec import spec_for
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ import httpx
 from _gateway_load import closed_loop, cpu_seconds, percentile, request_bytes, sequential, serve_upstream
 
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_P50, GOAL_P99, GOAL_PER_CORE = 1.0, 2.5, 2000.0  # ms, ms, requests per gateway CPU-second

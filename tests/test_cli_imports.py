@@ -34,8 +34,8 @@ print(json.dumps({"rc": rc, "out": out.getvalue(), "modules": sorted(sys.modules
 # gateway's server, the HTTP stacks (server and client), the scheduler, Docker and plotting.
 NEVER = (
     "vllm_watchdog.service.daemon",
-    "vllm_watchdog.gateway.server",
-    "vllm_watchdog.gateway.process",
+    "vllm_watchdog.gateway.dataplane.server",
+    "vllm_watchdog.gateway.control.process",
     "vllm_watchdog.api.app",
     "vllm_watchdog.actions.plane",
     "vllm_watchdog.sources.monitor",
@@ -59,9 +59,7 @@ NOT_FOR_VERSION = ("vllm_watchdog.config.model", "vllm_watchdog.ruler.files", "y
 # The daemon speaks to the gateway process over its control channel and never serves traffic itself; it
 # imports the Docker SDK only for a container target, and the remote PromQL client only with a `rule_backend`.
 DAEMON_NEVER = (
-    "vllm_watchdog.gateway.server",
-    "vllm_watchdog.gateway.proxy",
-    "vllm_watchdog.gateway.commands",
+    "vllm_watchdog.gateway.dataplane",  # the gateway process: its server, proxy and commands
     "vllm_watchdog.actions.docker",
     "vllm_watchdog.promql.remote",
     "aiohttp",
@@ -72,6 +70,7 @@ DAEMON_NEVER = (
 # The gateway process forwards with aiohttp and takes its spec as JSON: nothing of the daemon, its HTTP
 # client, YAML or the metrics library.
 GATEWAY_NEVER = (
+    "vllm_watchdog.gateway.control",  # the daemon's side of the gateway
     "vllm_watchdog.service",
     "vllm_watchdog.actions",
     "vllm_watchdog.ruler",
@@ -143,11 +142,13 @@ def test_a_command_that_needs_more_is_seen_importing_it(tmp_path: Path) -> None:
 
 def test_the_daemon_imports_no_gateway_server_and_no_docker() -> None:
     modules = imported_by("vllm_watchdog.service.daemon")
-    assert "vllm_watchdog.gateway.process" in modules  # it starts the gateway: the check sees the gateway
+    # It starts the gateway: the check sees the gateway.
+    assert "vllm_watchdog.gateway.control.process" in modules
     assert heavy(modules, DAEMON_NEVER) == []
 
 
 def test_the_gateway_process_imports_no_daemon() -> None:
-    modules = imported_by("vllm_watchdog.gateway.main")  # what `python -m vllm_watchdog.gateway` runs
+    # What `python -m vllm_watchdog.gateway` runs.
+    modules = imported_by("vllm_watchdog.gateway.dataplane.main")
     assert "aiohttp" in modules
     assert heavy(modules, GATEWAY_NEVER) == []

@@ -12,8 +12,8 @@ promtool's lint failure is 3, here any invalid config or rule file.
 4 UNREACHABLE  the daemon's API (`top --once`, `reload`), every target of `query`, or the rule_backend
                could not be reached
 
-Not yet here: `vllm-watchdog gateway` keeps the codes its supervisor reads (gateway/spec.py): 2 for an
-invalid config or spec, 3 when it cannot listen.
+Not yet here: `vllm-watchdog gateway` keeps the codes its supervisor reads (gateway/protocol/spec.py): 2 for
+an invalid config or spec, 3 when it cannot listen.
 """
 
 from __future__ import annotations

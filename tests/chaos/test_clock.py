@@ -29,9 +29,9 @@ from vllm_watchdog.actions.rails import Rails
 from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.state import ActionStore
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
-from vllm_watchdog.gateway.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
-from vllm_watchdog.gateway.locallink import LocalLink
-from vllm_watchdog.gateway.server import GatewayServer
+from vllm_watchdog.gateway.control.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
+from vllm_watchdog.gateway.dataplane.locallink import LocalLink
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.config import NotifierConfig
 from vllm_watchdog.notifiers.hub import HubOptions, NotificationHub

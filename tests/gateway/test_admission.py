@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from tests.support.clock import Clock
-from vllm_watchdog.gateway.admission import Gate, Ticket
 from vllm_watchdog.gateway.config import GatewayConfig, PriorityConfig, SessionConfig
-from vllm_watchdog.gateway.rejections import Rejection
+from vllm_watchdog.gateway.dataplane.admission import Gate, Ticket
+from vllm_watchdog.gateway.dataplane.rejections import Rejection
 
 pytestmark = pytest.mark.anyio
 SHORT = 0.02  # a timeout that must fire during the test

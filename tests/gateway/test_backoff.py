@@ -17,12 +17,12 @@ from tests.support.gateway_upstream import Seen, Upstream, response_head
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
-from vllm_watchdog.gateway.admission import Gate
-from vllm_watchdog.gateway.backoff import HOLD_KEY, UpstreamBackoff
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec, UpstreamBackoffConfig
-from vllm_watchdog.gateway.metrics import exposition
-from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.throttle import Throttle
+from vllm_watchdog.gateway.control.metrics import exposition
+from vllm_watchdog.gateway.dataplane.admission import Gate
+from vllm_watchdog.gateway.dataplane.backoff import HOLD_KEY, UpstreamBackoff
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
+from vllm_watchdog.gateway.dataplane.throttle import Throttle
 
 TARGET = 'targets:\n  - {name: vllm-0, url: "http://127.0.0.1:8000"}\n'
 # What vLLM 0.32 answers when --max-num-queued-reqs is reached (vllm.exceptions.QueueOverflowError).

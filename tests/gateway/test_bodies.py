@@ -13,9 +13,9 @@ import pytest
 
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
-from vllm_watchdog.gateway.bodies import TooManyElements, request_fields, tool_call_signatures
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer
+from vllm_watchdog.gateway.dataplane.bodies import TooManyElements, request_fields, tool_call_signatures
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
 
 MiB = 1024 * 1024
 CALL = {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"q": "a, b"}'}}

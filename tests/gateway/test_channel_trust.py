@@ -23,14 +23,19 @@ from typing import Any
 import pytest
 
 from tests.support.vllm_server import free_port
-from vllm_watchdog.gateway.channel import ChannelError, ControlClient, ControlServer
-from vllm_watchdog.gateway.codec import encode
 from vllm_watchdog.gateway.config import GatewayConfig, PriorityConfig
-from vllm_watchdog.gateway.handle import GatewayControl, GatewayControlOptions
-from vllm_watchdog.gateway.process import GatewayProcess
-from vllm_watchdog.gateway.snapshot import GateSnapshot, GatewaySnapshot, HistogramSnapshot, ProxySnapshot
-from vllm_watchdog.gateway.spec import GatewaySpec
-from vllm_watchdog.gateway.trust import NotTrusted
+from vllm_watchdog.gateway.control.handle import GatewayControl, GatewayControlOptions
+from vllm_watchdog.gateway.control.process import GatewayProcess
+from vllm_watchdog.gateway.protocol.channel import ChannelError, ControlClient, ControlServer
+from vllm_watchdog.gateway.protocol.codec import encode
+from vllm_watchdog.gateway.protocol.snapshot import (
+    GateSnapshot,
+    GatewaySnapshot,
+    HistogramSnapshot,
+    ProxySnapshot,
+)
+from vllm_watchdog.gateway.protocol.spec import GatewaySpec
+from vllm_watchdog.gateway.protocol.trust import NotTrusted
 
 pytestmark = pytest.mark.anyio
 NOBODY = 65534

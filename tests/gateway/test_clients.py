@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pytest
 
-from vllm_watchdog.gateway.clients import ClientStalled, ClientTransports, ClientWriter
+from vllm_watchdog.gateway.dataplane.clients import ClientStalled, ClientTransports, ClientWriter
 
 pytestmark = pytest.mark.anyio
 

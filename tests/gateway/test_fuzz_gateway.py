@@ -65,7 +65,7 @@ from tests.support.fuzzing import fuzz
 from tests.support.gateway_upstream import Seen, Upstream, chunk, echo, response_head
 from tests.support.vllm_server import free_port
 from vllm_watchdog.gateway.config import GatewayConfig, SessionConfig
-from vllm_watchdog.gateway.server import GatewayServer
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
 
 MAX_BODY = 2048
 # RFC 9110 7.6.1's hop-by-hop headers, written out here rather than taken from the proxy under test.

@@ -26,8 +26,8 @@ from tests.support.daemon_thread import DaemonThread, raise_nofile
 from tests.support.gateway_upstream import Seen, Upstream, response_head
 from tests.support.vllm_server import free_port
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.snapshot import GatewaySnapshot
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
+from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot
 from vllm_watchdog.listener import ListenerLimits
 
 COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}

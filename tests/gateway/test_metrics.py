@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import vllm_watchdog
-from vllm_watchdog.gateway.histogram import Histogram
-from vllm_watchdog.gateway.metrics import GatewayCollector, families
-from vllm_watchdog.gateway.replies import upstream_failure
-from vllm_watchdog.gateway.signals import SessionSignals
-from vllm_watchdog.gateway.snapshot import (
+from vllm_watchdog.gateway.control.metrics import GatewayCollector, families
+from vllm_watchdog.gateway.dataplane.histogram import Histogram
+from vllm_watchdog.gateway.dataplane.replies import upstream_failure
+from vllm_watchdog.gateway.dataplane.signals import SessionSignals
+from vllm_watchdog.gateway.protocol.snapshot import (
     PROXY_REFUSALS,
     UPSTREAM_ERROR_KINDS,
     GateSnapshot,
@@ -299,7 +299,7 @@ def test_every_upstream_failure_kind_is_exported_from_zero() -> None:
 
 def test_every_refusal_reason_in_the_source_is_exported_from_zero() -> None:
     root = Path(vllm_watchdog.__file__).parent
-    source = (root / "listener.py").read_text() + (root / "gateway" / "proxy.py").read_text()
+    source = (root / "listener.py").read_text() + (root / "gateway" / "dataplane" / "proxy.py").read_text()
     used = set(re.findall(r'(?:_refuse\(send, \d+|refusal\(\d+|count_refusal\()\s*,?\s*"(\w+)"', source))
     assert len(used) >= 8 and used <= set(REFUSALS + PROXY_REFUSALS), used - set(REFUSALS + PROXY_REFUSALS)
     got = samples(render(replace(snapshot(), proxy=replace(snapshot().proxy, refused_total={}))))

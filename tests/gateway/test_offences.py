@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_watchdog.gateway.offences import Escalation, Offences
+from vllm_watchdog.gateway.dataplane.offences import Escalation, Offences
 
 ESC = Escalation(base=60.0, cap=300.0, reset_after=600.0)
 

@@ -253,8 +253,8 @@ def test_two_watchdogs_never_share_a_gateway_and_a_stale_one_of_ours_is_replaced
     """The socket's name comes from state_dir, target and listen address; an adopted gateway must serve what
     the config says, or (ours, from before a config change) it is stopped and a new one started."""
     from vllm_watchdog.gateway.config import GatewayConfig
-    from vllm_watchdog.gateway.process import GatewayProcess
-    from vllm_watchdog.gateway.spec import spec_for
+    from vllm_watchdog.gateway.control.process import GatewayProcess
+    from vllm_watchdog.gateway.protocol.spec import spec_for
 
     first = GatewayConfig(target="vllm-0", upstream="http://127.0.0.1:9", listen_port=free_port())
     other = GatewayConfig(target="vllm-0", upstream="http://127.0.0.1:9", listen_port=free_port())

@@ -17,8 +17,8 @@ import pytest
 from tests.support.gateway_upstream import Upstream, fixed, hang, sse, stream_then
 from tests.support.vllm_server import free_port
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.snapshot import GatewaySnapshot
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
+from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot
 from vllm_watchdog.listener import HttpProtocol
 
 COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}

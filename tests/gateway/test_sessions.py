@@ -8,7 +8,13 @@ import pytest
 
 from tests.support.clock import Clock
 from vllm_watchdog.gateway.config import PriorityConfig, SessionConfig
-from vllm_watchdog.gateway.sessions import SessionLimits, TokenBucket, api_key_of, priority_of, session_key
+from vllm_watchdog.gateway.dataplane.sessions import (
+    SessionLimits,
+    TokenBucket,
+    api_key_of,
+    priority_of,
+    session_key,
+)
 
 SECRET = "sk-live-abcdef0123456789"
 

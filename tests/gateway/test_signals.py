@@ -14,9 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.clock import Clock
-from vllm_watchdog.gateway.bodies import OPENAI_PATHS, RequestTrace, parse_json_body, tool_call_signatures
-from vllm_watchdog.gateway.signals import SessionSignals
-from vllm_watchdog.gateway.snapshot import SessionStats
+from vllm_watchdog.gateway.dataplane.bodies import (
+    OPENAI_PATHS,
+    RequestTrace,
+    parse_json_body,
+    tool_call_signatures,
+)
+from vllm_watchdog.gateway.dataplane.signals import SessionSignals
+from vllm_watchdog.gateway.protocol.snapshot import SessionStats
 
 CHAT = "/v1/chat/completions"
 

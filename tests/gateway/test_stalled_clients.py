@@ -21,8 +21,8 @@ import pytest
 from tests.support.gateway_upstream import SSE_HEAD, Seen, Upstream, chunk, fixed, stream_then
 from tests.support.vllm_server import free_port
 from vllm_watchdog.gateway.config import GatewayConfig, SessionConfig
-from vllm_watchdog.gateway.server import GatewayServer
-from vllm_watchdog.gateway.snapshot import GatewaySnapshot
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
+from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot
 
 STREAM = {"model": "m", "prompt": "a secret prompt", "max_tokens": 100_000, "stream": True}
 EVENT = b"data: " + b"x" * 4000 + b"\n\n"

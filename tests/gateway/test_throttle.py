@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from tests.support.clock import Clock
-from vllm_watchdog.gateway.admission import Gate
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
-from vllm_watchdog.gateway.throttle import Throttle
+from vllm_watchdog.gateway.dataplane.admission import Gate
+from vllm_watchdog.gateway.dataplane.throttle import Throttle
 
 
 class Signal:

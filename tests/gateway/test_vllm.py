@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.vllm_server import VllmServer, free_port
 from vllm_watchdog.gateway.config import GatewayConfig
-from vllm_watchdog.gateway.server import GatewayServer
+from vllm_watchdog.gateway.dataplane.server import GatewayServer
 
 pytestmark = pytest.mark.vllm
 VOLATILE = ("id", "created", "system_fingerprint")  # differ between any two identical requests

@@ -18,10 +18,10 @@ from ..config.model import Config
 from ..config.targets import TargetConfig
 from ..fleet.budget import NO_BUDGET, DisruptionBudget, FleetBudget, FleetOptions
 from ..gateway.config import GatewayConfig
-from ..gateway.handle import GatewayControl, GatewayControlOptions
-from ..gateway.link import GatewayLink
-from ..gateway.process import process_link
-from ..gateway.snapshot import GatewaySnapshot
+from ..gateway.control.handle import GatewayControl, GatewayControlOptions
+from ..gateway.control.process import process_link
+from ..gateway.protocol.link import GatewayLink
+from ..gateway.protocol.snapshot import GatewaySnapshot
 from ..notifiers.alert import OutgoingAlert
 from ..notifiers.hub import HubOptions, NotificationHub
 from ..promql.engine import Engine

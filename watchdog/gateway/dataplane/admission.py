@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable
 from statistics import median
 
-from .config import GatewayConfig
+from ..config import GatewayConfig
+from ..protocol.snapshot import GateSnapshot
 from .histogram import Histogram
 from .rejections import Rejection, Rejections
 from .sessions import SessionLimits
-from .snapshot import GateSnapshot
 from .waitqueue import Waiter, WaitQueue
 
 RECENT_WINDOW = 60.0  # seconds of admissions recent_queue_time() looks at
@@ -65,7 +65,7 @@ class Gate:
         self._in_flight = 0
         self._anonymous = 0  # requests without a session in flight
         self._tickets: dict[Ticket, None] = {}  # in admission order: the first is the oldest
-        self._queue = WaitQueue()
+        self._queue: WaitQueue[Ticket | Rejection] = WaitQueue()
         self._draining = False
         self._breakers: dict[str, tuple[float, str]] = {}
         self._admitted: dict[str, int] = {}
@@ -144,7 +144,7 @@ class Gate:
         if waiting >= self._max_queue and not self._shed_below(rank):
             return self._rejections.queue_full(waiting, self._queue_retry_after())
         loop = self._loop = asyncio.get_running_loop()
-        waiter = Waiter(session, priority, rank, now, loop.create_future())
+        waiter: Waiter[Ticket | Rejection] = Waiter(session, priority, rank, now, loop.create_future())
         self._queue.push(waiter)
         self._arm(waiter, loop)
         try:
@@ -160,21 +160,21 @@ class Gate:
                     result.release()
             raise
 
-    def _arm(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> None:
+    def _arm(self, waiter: Waiter[Ticket | Rejection], loop: asyncio.AbstractEventLoop) -> None:
         if waiter.timer is not None:
             waiter.timer.cancel()
         waiter.held = self._draining
         timeout = self._drain_max_wait if self._draining else self._max_queue_time
         waiter.timer = loop.call_later(max(0.0, timeout), self._expire, waiter)
 
-    def _finish(self, waiter: Waiter, result: Ticket | Rejection) -> None:
+    def _finish(self, waiter: Waiter[Ticket | Rejection], result: Ticket | Rejection) -> None:
         self._queue.remove(waiter)
         if not waiter.future.done():
             waiter.future.set_result(result)
         elif isinstance(result, Ticket):
             result.release()  # pick() skips finished futures; never leak a slot all the same
 
-    def _expire(self, waiter: Waiter) -> None:
+    def _expire(self, waiter: Waiter[Ticket | Rejection]) -> None:
         waiter.timer = None
         if not waiter.queued or waiter.future.done():
             return

@@ -16,16 +16,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..background import Background
-from ..promql.mathfuncs import histogram_quantile
-from .channel import ChannelError
-from .codec import decode, encode
-from .config import GatewayConfig, ThrottleSpec
+from ...background import Background
+from ...promql.mathfuncs import histogram_quantile
+from ..config import GatewayConfig, ThrottleSpec
+from ..protocol.channel import ChannelError
+from ..protocol.codec import decode, encode
+from ..protocol.link import GatewayLink
+from ..protocol.snapshot import GatewaySnapshot, HistogramSnapshot
 from .controlstore import ControlStore
-from .link import GatewayLink
-from .snapshot import GatewaySnapshot, HistogramSnapshot
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.handle")  # the name its logs had before the sub-packages
 HOLD_TTL = 900.0  # a hold whose alert was not seen for this long is dropped (a lost "resolved")
 SIGNAL_WINDOW = 10.0  # seconds of gateway latency the adaptive throttle looks at
 SIGNAL_QUANTILE = 0.9

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from .snapshot import LATENCY_BUCKETS, HistogramSnapshot
+from ..protocol.snapshot import LATENCY_BUCKETS, HistogramSnapshot
 
 
 class Histogram:

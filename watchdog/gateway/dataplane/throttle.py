@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from .config import ThrottleSpec
+from ..config import ThrottleSpec
 
 MIN_RATIO = 0.5  # one adaptive step at most halves the limit
 

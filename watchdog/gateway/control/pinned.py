@@ -16,9 +16,9 @@ import select
 import signal
 import subprocess
 
-from .trust import Peer, trusted_uids
+from ..protocol.trust import Peer, trusted_uids
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.pinned")  # the name its logs had before the sub-packages
 
 
 class PinnedProcess:

@@ -1,19 +1,17 @@
 """The gate's wait queue: a FIFO per priority class, the highest class first. A waiter leaves it granted,
-rejected, timed out or cancelled."""
+rejected, timed out or cancelled; its future holds what the gate decided (the gate's Ticket or Rejection)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-if TYPE_CHECKING:
-    from .admission import Ticket
-    from .rejections import Rejection
+Outcome = TypeVar("Outcome")  # what a waiter's future resolves to
 
 
-class Waiter:
+class Waiter(Generic[Outcome]):
     """A request waiting for a slot; its future gets the ticket or the rejection."""
 
     __slots__ = ("arrived", "future", "held", "priority", "queued", "rank", "session", "timer")
@@ -24,7 +22,7 @@ class Waiter:
         priority: str,
         rank: int,
         arrived: float,
-        future: asyncio.Future[Ticket | Rejection],
+        future: asyncio.Future[Outcome],
     ) -> None:
         self.session = session
         self.priority = priority
@@ -36,14 +34,14 @@ class Waiter:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class WaitQueue:
+class WaitQueue(Generic[Outcome]):
     """Waiters by priority class (rank 0 first), in order of arrival within a class."""
 
     def __init__(self) -> None:
         self.classes: tuple[str, ...] = ()
         self.rank: dict[str, int] = {}
         self.waiting = 0  # waiters still queued
-        self._queues: list[deque[Waiter]] = []
+        self._queues: list[deque[Waiter[Outcome]]] = []
 
     def reclass(self, classes: tuple[str, ...], default: str) -> None:
         """Take the configured classes; a waiter keeps its arrival order, and one of a class gone gets
@@ -60,7 +58,7 @@ class WaitQueue:
             w.rank = self.rank[w.priority]
             self._queues[w.rank].append(w)
 
-    def __iter__(self) -> Iterator[Waiter]:
+    def __iter__(self) -> Iterator[Waiter[Outcome]]:
         for queue in self._queues:
             yield from queue
 
@@ -68,12 +66,12 @@ class WaitQueue:
         """Waiters by class."""
         return {cls: len(q) for cls, q in zip(self.classes, self._queues, strict=True)}
 
-    def push(self, waiter: Waiter) -> None:
+    def push(self, waiter: Waiter[Outcome]) -> None:
         """Queue a waiter at the end of its class."""
         self._queues[waiter.rank].append(waiter)
         self.waiting += 1
 
-    def remove(self, waiter: Waiter) -> None:
+    def remove(self, waiter: Waiter[Outcome]) -> None:
         """Take a waiter out of the queue and stop its timer (a waiter already out: only the timer)."""
         if waiter.timer is not None:
             waiter.timer.cancel()
@@ -88,7 +86,7 @@ class WaitQueue:
             queue.remove(waiter)
         self.waiting -= 1
 
-    def newest_below(self, rank: int) -> Waiter | None:
+    def newest_below(self, rank: int) -> Waiter[Outcome] | None:
         """The newest waiter of the lowest class below `rank`, None if no lower class has one."""
         for lower in range(len(self._queues) - 1, rank, -1):
             queue = self._queues[lower]
@@ -96,7 +94,7 @@ class WaitQueue:
                 return queue[-1]
         return None
 
-    def pick(self, has_room: Callable[[str | None], bool]) -> Waiter | None:
+    def pick(self, has_room: Callable[[str | None], bool]) -> Waiter[Outcome] | None:
         """The first eligible waiter of the highest class (sessions without room are skipped; `has_room(None)`
         says whether requests without a session have room)."""
         for queue in self._queues:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .channel import CommandRefused
+from ..protocol.channel import CommandRefused
 from .commands import CommandError, GatewayCommands
 from .server import GatewayServer
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import GatewayConfig
 from .channel import default_socket_path
-from .config import GatewayConfig
 
 STOP_GRACE = 5.0  # in-flight requests get this long when the gateway is stopped on purpose
 EXIT_CANNOT_LISTEN = 3

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .config import ThrottleSpec, UpstreamBackoffConfig
+from ..config import ThrottleSpec, UpstreamBackoffConfig
 from .throttle import Throttle
 
 HOLD_KEY = "gateway:upstream-503"  # never an alert's key (those are label fingerprints)

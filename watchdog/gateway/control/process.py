@@ -22,14 +22,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .channel import ChannelError, ControlClient
-from .codec import encode
-from .config import GatewayConfig
+from ..config import GatewayConfig
+from ..protocol.channel import ChannelError, ControlClient
+from ..protocol.codec import encode
+from ..protocol.spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
+from ..protocol.trust import Peer
 from .pinned import PinnedProcess, pin
-from .spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
-from .trust import Peer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.process")  # the name its logs had before the sub-packages
 START_TIMEOUT = 60.0  # a new gateway process must answer on its control socket within this
 
 

@@ -18,17 +18,17 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .. import logs
-from ..errors import ConfigError
-from ..fdlimits import raise_open_files_limit
-from ..sdnotify import Notifier
-from .channel import ControlServer
-from .codec import decode
+from ... import logs
+from ...errors import ConfigError
+from ...fdlimits import raise_open_files_limit
+from ...sdnotify import Notifier
+from ..protocol.channel import ControlServer
+from ..protocol.codec import decode
+from ..protocol.spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
 from .commands import CommandError, GatewayCommands
 from .server import GatewayServer
-from .spec import EXIT_CANNOT_LISTEN, EXIT_CONTROL_SOCKET, STOP_GRACE, GatewaySpec, spec_for
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.main")  # the name its logs had before the sub-packages
 LEASE_CHECK = 1.0
 
 
@@ -90,8 +90,8 @@ async def _control(server: GatewayServer, spec: GatewaySpec, notifier: Notifier)
 
 
 def _spec_from_config(path: str | None) -> GatewaySpec:
-    from ..config.model import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
-    from ..redact import config_secrets  # noqa: PLC0415
+    from ...config.model import load_config  # noqa: PLC0415 - the daemon's spawn path never parses a config
+    from ...redact import config_secrets  # noqa: PLC0415
 
     config = load_config(path, os.environ)
     if config.gateway is None:

@@ -18,15 +18,15 @@ try:
 except ImportError:  # uvloop is optional; asyncio's loop is slower
     from asyncio import new_event_loop  # type: ignore[assignment]
 
-from ..fdlimits import AcceptErrors
-from ..listener import Listener, ListenerLimits
+from ...fdlimits import AcceptErrors
+from ...listener import Listener, ListenerLimits
+from ..config import GatewayConfig
+from ..protocol.snapshot import GatewaySnapshot
 from .admission import Gate
 from .backoff import UpstreamBackoff
 from .clients import ClientTransports
-from .config import GatewayConfig
 from .proxy import Proxy
 from .signals import SessionSignals
-from .snapshot import GatewaySnapshot
 from .throttle import Throttle
 
 if TYPE_CHECKING:

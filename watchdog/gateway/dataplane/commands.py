@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .codec import decode, encode
-from .config import GatewayConfig, ThrottleSpec
+from ..config import GatewayConfig, ThrottleSpec
+from ..protocol.codec import decode, encode
 from .offences import Escalation, Offences
 from .server import GatewayServer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.commands")  # the name its logs had before the sub-packages
 
 
 class CommandError(ValueError):

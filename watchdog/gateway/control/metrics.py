@@ -8,8 +8,16 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..listener import REFUSALS
-from .snapshot import PROXY_REFUSALS, UPSTREAM_ERROR_KINDS, GatewaySnapshot, HistogramSnapshot, SessionStats
+from ...listener import REFUSALS
+from ..protocol.snapshot import (
+    PROXY_REFUSALS,
+    UPSTREAM_ERROR_KINDS,
+    GateSnapshot,
+    GatewaySnapshot,
+    HistogramSnapshot,
+    ProxySnapshot,
+    SessionStats,
+)
 
 _PREFIX = "vllm_watchdog_gateway_"
 
@@ -37,8 +45,29 @@ def exposition(snap: GatewaySnapshot) -> str:
 def families(snap: GatewaySnapshot) -> list[Metric]:
     """Every family of one snapshot; each series has the label target=<snap.target>."""
     t = snap.target
-    g, p = snap.gate, snap.proxy
-    out: list[Metric] = [
+    return [
+        *_gate_families(t, snap.gate),
+        *_proxy_families(t, snap.proxy),
+        _histogram(
+            "queue_time_seconds",
+            "Time from arrival to admission (admitted requests).",
+            t,
+            snap.gate.queue_time,
+        ),
+        _histogram(
+            "time_to_first_byte_seconds",
+            "Time from admission to the first upstream byte.",
+            t,
+            snap.proxy.ttfb,
+        ),
+        *_session_families(t, snap.sessions),
+        _gauge("sessions_tracked", "Sessions the gateway remembers.", t, snap.sessions_tracked),
+    ]
+
+
+def _gate_families(t: str, g: GateSnapshot) -> list[Metric]:
+    """Admission: the cap, what is in flight and waiting, drains, admissions and rejections."""
+    return [
         _gauge("limit", "Current cap on in-flight requests (throttled or not).", t, g.limit),
         _gauge("limit_ceiling", "Configured cap on in-flight requests.", t, g.ceiling),
         _gauge("in_flight", "Requests admitted and not yet finished.", t, g.in_flight),
@@ -56,6 +85,12 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
             "admitted", "Requests admitted, by priority class.", t, "priority", g.admitted_total, counter=True
         ),
         _by("rejected", "Requests rejected, by reason.", t, "reason", g.rejected_total, counter=True),
+    ]
+
+
+def _proxy_families(t: str, p: ProxySnapshot) -> list[Metric]:
+    """Forwarding: responses, upstream failures, refusals, connections and the reflex to vLLM's 503s."""
+    return [
         _by(
             "responses",
             "Responses sent to clients, by status code.",
@@ -102,72 +137,59 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
             t,
             p.client_timeouts_total,
         ),
-        _histogram(
-            "queue_time_seconds", "Time from arrival to admission (admitted requests).", t, g.queue_time
-        ),
-        _histogram(
-            "time_to_first_byte_seconds", "Time from admission to the first upstream byte.", t, p.ttfb
-        ),
     ]
-    out += _session_families(t, snap.sessions)
-    out.append(_gauge("sessions_tracked", "Sessions the gateway remembers.", t, snap.sessions_tracked))
-    return out
+
+
+# Per-session families: (name after session_, help, the value of one session's row).
+_SESSION_COUNTERS: tuple[tuple[str, str, Callable[[SessionStats], int]], ...] = (
+    (
+        "requests",
+        "Requests started, by session (the top sessions by traffic, the rest as other).",
+        lambda r: r.requests_total,
+    ),
+    ("prompt_tokens", "Prompt tokens reported in usage, by session.", lambda r: r.prompt_tokens_total),
+    (
+        "completion_tokens",
+        "Completion tokens reported in usage, by session.",
+        lambda r: r.completion_tokens_total,
+    ),
+    (
+        "cached_tokens",
+        "Prompt tokens served from the prefix cache, by session.",
+        lambda r: r.cached_tokens_total,
+    ),
+)
+_SESSION_GAUGES: tuple[tuple[str, str, Callable[[SessionStats], float | None]], ...] = (
+    ("in_flight", "Requests in flight, by session.", lambda r: r.in_flight),
+    (
+        "prefix_cache_hit_ratio",
+        "Cached over prompt tokens across the session's recent requests.",
+        lambda r: r.prefix_cache_hit_ratio,
+    ),
+    (
+        "context_growth_tokens",
+        "Mean growth of prompt_tokens per step across the session's recent requests.",
+        lambda r: r.context_growth_tokens,
+    ),
+    (
+        "tool_call_repeats",
+        "Most back-to-back repeats of one step's tool calls (or a 2-3 step cycle) among recent steps.",
+        lambda r: r.tool_call_repeats,
+    ),
+    ("breaker_open", "1 while the session's breaker rejects its requests.", lambda r: int(r.breaker_open)),
+)
 
 
 def _session_families(target: str, rows: tuple[SessionStats, ...]) -> list[Metric]:
+    """The per-session counters, then gauges (a session without a value has no sample)."""
     labels = ["target", "session"]
-    counters: list[tuple[str, str, Callable[[SessionStats], int]]] = [
-        (
-            "requests",
-            "Requests started, by session (the top sessions by traffic, the rest as other).",
-            lambda r: r.requests_total,
-        ),
-        (
-            "prompt_tokens",
-            "Prompt tokens reported in usage, by session.",
-            lambda r: r.prompt_tokens_total,
-        ),
-        (
-            "completion_tokens",
-            "Completion tokens reported in usage, by session.",
-            lambda r: r.completion_tokens_total,
-        ),
-        (
-            "cached_tokens",
-            "Prompt tokens served from the prefix cache, by session.",
-            lambda r: r.cached_tokens_total,
-        ),
-    ]
-    gauges: list[tuple[str, str, Callable[[SessionStats], float | None]]] = [
-        ("in_flight", "Requests in flight, by session.", lambda r: r.in_flight),
-        (
-            "prefix_cache_hit_ratio",
-            "Cached over prompt tokens across the session's recent requests.",
-            lambda r: r.prefix_cache_hit_ratio,
-        ),
-        (
-            "context_growth_tokens",
-            "Mean growth of prompt_tokens per step across the session's recent requests.",
-            lambda r: r.context_growth_tokens,
-        ),
-        (
-            "tool_call_repeats",
-            "Most back-to-back repeats of one step's tool calls (or a 2-3 step cycle) among recent steps.",
-            lambda r: r.tool_call_repeats,
-        ),
-        (
-            "breaker_open",
-            "1 while the session's breaker rejects its requests.",
-            lambda r: int(r.breaker_open),
-        ),
-    ]
     out: list[Metric] = []
-    for name, doc, count in counters:
+    for name, doc, count in _SESSION_COUNTERS:
         c = CounterMetricFamily(_PREFIX + "session_" + name, doc, labels=labels)
         for row in rows:
             c.add_metric([target, row.session], count(row))
         out.append(c)
-    for name, doc, read in gauges:
+    for name, doc, read in _SESSION_GAUGES:
         g = GaugeMetricFamily(_PREFIX + "session_" + name, doc, labels=labels)
         for row in rows:
             value = read(row)

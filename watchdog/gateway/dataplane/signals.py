@@ -7,8 +7,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 
+from ..protocol.snapshot import SessionStats
 from .bodies import OPENAI_PATHS, RequestTrace, tool_call_signatures
-from .snapshot import SessionStats
 
 ANONYMOUS = "anonymous"  # the session of requests without a key
 OTHER = "other"  # the row that sums every session not exported by name

@@ -24,7 +24,7 @@ from typing import Any
 
 from .trust import NotTrusted, Peer, check_peer, check_socket, peer_of, private_dir, trusted_uids
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.channel")  # the name its logs had before the sub-packages
 MAX_REQUEST = 1024 * 1024  # a config is a few kB; the cap only stops a runaway peer
 MAX_ANSWER = 64 * 1024 * 1024  # snapshots carry the top-K sessions only, but leave room
 MAX_CONNECTIONS = 8

@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from .config import PriorityConfig, SessionConfig
+from ..config import PriorityConfig, SessionConfig
 
 MAX_KEY_LENGTH = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/-]")

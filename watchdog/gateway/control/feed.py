@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..store import Exposure, SampleStore, Series, SeriesCache
+from ...store import Exposure, SampleStore, Series, SeriesCache
+from ..protocol.snapshot import GatewaySnapshot
 from .metrics import families
-from .snapshot import GatewaySnapshot
 
 
 class GatewayFeed:

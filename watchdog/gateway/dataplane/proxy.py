@@ -12,23 +12,23 @@ import aiohttp
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
+from ..config import GatewayConfig
+from ..protocol.snapshot import ProxySnapshot
+from ..routes import BadPath, Route, normalise_path, route_of
 from .admission import Gate, Ticket
 from .backoff import UpstreamBackoff
 from .bodies import OPENAI_PATHS, RequestTrace, TooManyElements, request_fields
 from .clients import ClientStalled, ClientTransports, ClientWriter
-from .config import GatewayConfig
 from .headers import Incoming, response_headers
 from .histogram import Histogram
 from .interrupt import Interrupt
 from .rejections import Rejection
 from .replies import error_body, send_error, upstream_failure
-from .routes import BadPath, Route, normalise_path, route_of
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals
-from .snapshot import ProxySnapshot
 
 _OPTIONS_ALLOW = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"), (b"content-length", b"0")]
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm_watchdog.gateway.proxy")  # the name its logs had before the sub-packages
 # Close a keep-alive upstream connection before vLLM's uvicorn does (5 s), so a request never races its close.
 UPSTREAM_KEEPALIVE = 4.0
 
@@ -103,29 +103,45 @@ class Proxy:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Incoming(scope["headers"], self._session_header, self._priority_header)
-        headers = request.headers
-        headers.append(("host", self._host))
+        request.headers.append(("host", self._host))
+        screened = await self._screen(scope, request, send)
+        if screened is not None:
+            await self._serve(scope, receive, send, request, *screened)
+
+    async def _screen(self, scope: Scope, request: Incoming, send: Send) -> tuple[Route, bytes] | None:
+        """The request's route and normalised path; None if it was answered before its body is read
+        (OPTIONS *, a bad or admin path, a body too large by its length, an upgrade)."""
         method: str = scope["method"]
         raw_path: bytes = scope["raw_path"]
         if raw_path == b"*" and method == "OPTIONS":  # about the server itself: nothing to forward
             self._count(204)
             await send({"type": "http.response.start", "status": 204, "headers": _OPTIONS_ALLOW})
-            return await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return None
         try:
             path_bytes = normalise_path(raw_path)
         except BadPath as exc:
-            return await self._refuse(send, 400, "bad_path", f"The request path is refused: {exc}.")
+            await self._refuse(send, 400, "bad_path", f"The request path is refused: {exc}.")
+            return None
         path = path_bytes.decode("latin-1")
         route = route_of(method, path, self.config.allow_admin_paths)
         if route is Route.ADMIN:
             why = f"{path} is a model server admin endpoint; the gateway does not forward it."
-            return await self._refuse(send, 403, "admin_path", why)
-        if request.length > self.config.max_body:
-            return await self._too_large_response(send)
-        if request.body_lost:
+            await self._refuse(send, 403, "admin_path", why)
+        elif request.length > self.config.max_body:
+            await self._too_large_response(send)
+        elif request.body_lost:
             why = "The gateway does not support protocol upgrades; a request body sent with one is lost."
-            return await self._refuse(send, 400, "upgrade_not_supported", why)
+            await self._refuse(send, 400, "upgrade_not_supported", why)
+        else:
+            return route, path_bytes
+        return None
 
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, request: Incoming, route: Route, path_bytes: bytes
+    ) -> None:
+        """Read the body (within client_timeout), pass the gate if the route admits, forward; the ticket is
+        released and the trace finished whatever happens."""
         interrupt = Interrupt()
         ticket: Ticket | None = None
         trace: RequestTrace | None = None
@@ -142,11 +158,11 @@ class Proxy:
             interrupt.watch(receive)
 
             if route is Route.ADMIT:
-                admitted = await self._admit(request, path, body, send)
+                admitted = await self._admit(request, path_bytes.decode("latin-1"), body, send)
                 if admitted is None:
                     return
                 ticket, trace = admitted
-            status = await self._forward(scope, path_bytes, method, headers, body, send, ticket, trace)
+            status = await self._forward(scope, path_bytes, request.headers, body, send, ticket, trace)
         except asyncio.CancelledError:
             if not interrupt.absorb():
                 raise
@@ -223,7 +239,6 @@ class Proxy:
         self,
         scope: Scope,
         path: bytes,
-        method: str,
         headers: list[tuple[str, str]],
         body: bytes,
         send: Send,
@@ -239,47 +254,63 @@ class Proxy:
         started = finished = False
         try:
             response = await self._upstream().request(
-                method, URL(target, encoded=True), headers=headers, data=body or None, allow_redirects=False
+                scope["method"],
+                URL(target, encoded=True),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
             )
             if ticket is not None:
-                self._ttfb.observe(self._monotonic() - ticket.admitted_at)
-                if self.backoff is not None:
-                    self.backoff.observe(response.status, ticket.admitted_at)
+                self._observe(response.status, ticket)
             out = response_headers(response.raw_headers, None if trace is None else trace.set_content_type)
             status = response.status
             await send({"type": "http.response.start", "status": status, "headers": out})
             started = True
             self._count(status)
-            content = response.content
-            while True:
-                chunk = await content.readany()
-                if trace is not None and chunk:
-                    trace.feed(chunk)
-                last = content.at_eof()
-                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-                if last:
-                    break
+            await self._stream(response.content, send, trace)
             finished = True
             return status
         except aiohttp.ClientError as exc:  # the timeout errors are ClientErrors too
-            kind, status, message = upstream_failure(exc)
-            self._errors[kind] = self._errors.get(kind, 0) + 1
-            if started:
-                # The status is gone: end the connection without the final chunk, so that the client sees a
-                # truncated response rather than a complete-looking one (uvicorn logs it as incomplete).
-                log.warning("upstream %s failed mid-response (%s); cutting the client off", self._base, kind)
-                return status
-            self._count(status)
-            code = "upstream_timeout" if status == 504 else f"upstream_{kind}"
-            kind_name = "gateway_timeout" if status == 504 else "bad_gateway"
-            await send_error(send, status, error_body(message, kind_name, code))
-            return status
+            return await self._upstream_failed(exc, started, send)
         finally:
             if response is not None:
                 if finished:
                     response.release()
                 else:
                     response.close()
+
+    def _observe(self, status: int, ticket: Ticket) -> None:
+        """An admitted request's time to first byte, and its status for the reflex to vLLM's 503s."""
+        self._ttfb.observe(self._monotonic() - ticket.admitted_at)
+        if self.backoff is not None:
+            self.backoff.observe(status, ticket.admitted_at)
+
+    @staticmethod
+    async def _stream(content: aiohttp.StreamReader, send: Send, trace: RequestTrace | None) -> None:
+        """Pass the upstream body on as it arrives, each chunk to the trace too."""
+        while True:
+            chunk = await content.readany()
+            if trace is not None and chunk:
+                trace.feed(chunk)
+            last = content.at_eof()
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                return
+
+    async def _upstream_failed(self, exc: aiohttp.ClientError, started: bool, send: Send) -> int:
+        """Count an upstream failure and answer it (502, 504) unless the response had started; its status."""
+        kind, status, message = upstream_failure(exc)
+        self._errors[kind] = self._errors.get(kind, 0) + 1
+        if started:
+            # The status is gone: end the connection without the final chunk, so that the client sees a
+            # truncated response rather than a complete-looking one (uvicorn logs it as incomplete).
+            log.warning("upstream %s failed mid-response (%s); cutting the client off", self._base, kind)
+            return status
+        self._count(status)
+        code = "upstream_timeout" if status == 504 else f"upstream_{kind}"
+        kind_name = "gateway_timeout" if status == 504 else "bad_gateway"
+        await send_error(send, status, error_body(message, kind_name, code))
+        return status
 
     async def _rejection(self, send: Send, rejection: Rejection) -> None:
         kind = "rate_limit_exceeded" if rejection.status == 429 else "service_unavailable"
