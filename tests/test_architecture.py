@@ -256,3 +256,50 @@ def test_the_checks_see_function_level_relative_and_absolute_imports(tmp_path: P
     assert layers.cycles(found) == [["notifiers", "ruler", "notifiers"]]
     with pytest.raises(KeyError, match=r"pkg\.stray is in no stage"):
         layers.stage_of("pkg.stray")
+
+
+# gateway/ holds two processes and what they share: the gateway process (dataplane/) and the daemon's side
+# (control/) import the protocol (protocol/), never each other, and the protocol imports neither. Outside
+# gateway/, only the command line (`vllm-watchdog gateway`) imports the data plane; the daemon's side and the
+# protocol load none of its HTTP stacks.
+GATEWAY_PARTS: Mapping[str, frozenset[str]] = {
+    "dataplane": frozenset({"dataplane", "protocol"}),
+    "control": frozenset({"control", "protocol"}),
+    "protocol": frozenset({"protocol"}),
+}
+DATAPLANE_STACKS = frozenset({"aiohttp", "uvicorn", "uvloop", "starlette", "yarl"})
+
+
+def gateway_part(name: str) -> str | None:
+    """Which of gateway/'s sub-packages a module is in; None for one outside them."""
+    parts = [*name.split("."), ""]
+    return parts[2] if parts[:2] == [PACKAGE, "gateway"] and parts[2] in GATEWAY_PARTS else None
+
+
+def third_party_of(path: Path) -> set[str]:
+    """The top-level names of what a module imports from outside the package (relative imports left out)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {PACKAGE}
+
+
+def test_the_gateway_sides_share_only_the_protocol() -> None:
+    wrong = []
+    for imp in all_imports():
+        src, dst = gateway_part(imp.importer), gateway_part(imp.imported)
+        if dst is None:
+            continue
+        if src is not None and dst not in GATEWAY_PARTS[src]:
+            wrong.append(f"{imp}: gateway/{src} may not import gateway/{dst}")
+        elif src is None and dst == "dataplane" and LAYERS.stage_of(imp.importer) not in ("gateway", "cli"):
+            wrong.append(f"{imp}: only the gateway's entry point and the command line start the data plane")
+    for name, path in module_names(ROOT, PACKAGE).items():
+        stacks = sorted(third_party_of(path) & DATAPLANE_STACKS)
+        if gateway_part(name) in ("control", "protocol") and stacks:
+            wrong.append(f"{name} imports {stacks}: the data plane's HTTP stacks")
+    assert not wrong, "\n".join(wrong)
+    assert {gateway_part(name) for name in module_names(ROOT, PACKAGE)} == {None, *GATEWAY_PARTS}

@@ -22,8 +22,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..actions.remediator import Remediator
-from ..gateway.channel import ChannelError
-from ..gateway.handle import GatewayControl
+from ..gateway.control.handle import GatewayControl
+from ..gateway.protocol.channel import ChannelError
 from ..redact import ConfigRedactors, Redactor
 from ..ruler.evaluation import RuleEvaluation
 from ..sources.monitor import Monitor

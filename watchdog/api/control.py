@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..actions.remediator import Remediator
 from ..config.durations import parse_duration
 from ..fleet.etcd import EtcdError
-from ..gateway.handle import GatewayControl
+from ..gateway.control.handle import GatewayControl
 from ..jsontext import parse
 from ..redact import Redactor
 from .inbound import BadRequest, inbound_alerts, rfc3339, silence_matchers, string_field

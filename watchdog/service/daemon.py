@@ -31,10 +31,10 @@ from ..discovery.providers import DiscoveryOptions, TargetDiscovery
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
 from ..gateway.config import GatewayConfig
-from ..gateway.feed import GatewayFeed
-from ..gateway.link import GatewayLink
-from ..gateway.metrics import GatewayCollector, exposition
-from ..gateway.process import process_link
+from ..gateway.control.feed import GatewayFeed
+from ..gateway.control.metrics import GatewayCollector, exposition
+from ..gateway.control.process import process_link
+from ..gateway.protocol.link import GatewayLink
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
