@@ -196,7 +196,32 @@ def parse_gateway(
         return None
     d = GatewayConfig(target="-", upstream="-")
     listen = m["listen"].parsed(parse_listen) if "listen" in m else None
-    _check_listen(m.get("listen", node), listen or (d.listen_host, d.listen_port), own_listen)
+    address = listen or (d.listen_host, d.listen_port)
+    _check_listen(m.get("listen", node), address, own_listen)
+    name = _target(node, m, targets, address)
+    values = _scalars(m)
+    priority = _priority(m["priority"]) if "priority" in m else d.priority
+    sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
+    backoff = _upstream_backoff(m["upstream_backoff"]) if "upstream_backoff" in m else d.upstream_backoff
+    if name is None:
+        return None
+    return GatewayConfig(
+        target=name,
+        upstream=targets[name].rstrip("/"),
+        listen_host=address[0],
+        listen_port=address[1],
+        priority=priority,
+        sessions=sessions,
+        upstream_backoff=backoff,
+        **values,  # type: ignore[arg-type]
+    )
+
+
+def _target(
+    node: Node, m: Mapping[str, Node], targets: Mapping[str, str], listen: tuple[str, int]
+) -> str | None:
+    """The target the gateway fronts (the only one if none is named); None, and a problem, if unknown or if
+    the gateway would listen on its own upstream."""
     name = m["target"].string() if "target" in m else None
     if name is None and "target" not in m:
         if len(targets) == 1:
@@ -208,10 +233,15 @@ def parse_gateway(
         name = None
     if name is not None:
         upstream = urlsplit(targets[name])
-        if (upstream.hostname, upstream.port) == (listen or (d.listen_host, d.listen_port)):
+        if (upstream.hostname, upstream.port) == listen:
             (m.get("listen", node)).error(
                 f"is the address of its own target {name!r}: the gateway would forward to itself"
             )
+    return name
+
+
+def _scalars(m: Mapping[str, Node]) -> dict[str, object]:
+    """The keys given as one value each (durations, sizes, counts, flags, paths), by GatewayConfig field."""
     values: dict[str, object] = {}
     for key in _DURATIONS:
         if key in m:
@@ -220,19 +250,13 @@ def parse_gateway(
                 m[key].error("must be greater than 0")
             elif value is not None:
                 values[key] = value
-    if "max_body" in m:
-        size = m["max_body"].parsed(parse_size)
-        if size is not None:
-            values["max_body"] = size
+    if "max_body" in m and (size := m["max_body"].parsed(parse_size)) is not None:
+        values["max_body"] = size
     for key in ("max_in_flight", "max_queue", "max_connections", "max_json_elements"):
-        if key in m:
-            number = m[key].integer(minimum=0 if key == "max_queue" else 1)
-            if number is not None:
-                values[key] = number
-    if "supervise" in m:
-        supervise = m["supervise"].boolean()
-        if supervise is not None:
-            values["supervise"] = supervise
+        if key in m and (number := m[key].integer(minimum=0 if key == "max_queue" else 1)) is not None:
+            values[key] = number
+    if "supervise" in m and (supervise := m["supervise"].boolean()) is not None:
+        values["supervise"] = supervise
     if "control_socket" in m:
         path = m["control_socket"].string()
         if path is not None and (not path.startswith("/") or len(path.encode()) > 107):
@@ -247,21 +271,7 @@ def parse_gateway(
             values["drain_mode"] = mode
     if "allow_admin_paths" in m:
         values["allow_admin_paths"] = _admin_paths(m["allow_admin_paths"])
-    priority = _priority(m["priority"]) if "priority" in m else d.priority
-    sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
-    backoff = _upstream_backoff(m["upstream_backoff"]) if "upstream_backoff" in m else d.upstream_backoff
-    if name is None:
-        return None
-    return GatewayConfig(
-        target=name,
-        upstream=targets[name].rstrip("/"),
-        listen_host=listen[0] if listen else d.listen_host,
-        listen_port=listen[1] if listen else d.listen_port,
-        priority=priority,
-        sessions=sessions,
-        upstream_backoff=backoff,
-        **values,  # type: ignore[arg-type]
-    )
+    return values
 
 
 def _check_listen(node: Node, listen: tuple[str, int], own_listen: tuple[str, int]) -> None:
