@@ -1,4 +1,4 @@
-"""Go's text renderings: strconv floats and quoting, label sets, durations and RFC 3339 times."""
+"""Go's text renderings: strconv floats and quoting, label sets and durations (RFC 3339: tests/formats)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from vllm_watchdog.templates.gofmt import go_labels
 from vllm_watchdog.formats.gostrconv import format_float, go_quote
-from vllm_watchdog.templates.gotime import model_duration, rfc3339, time_duration
+from vllm_watchdog.templates.gofmt import go_labels
+from vllm_watchdog.templates.gotime import model_duration, time_duration
 
 
 @pytest.mark.parametrize(
@@ -30,19 +30,6 @@ from vllm_watchdog.templates.gotime import model_duration, rfc3339, time_duratio
 )
 def test_format_float_e(value: float, text: str) -> None:
     assert format_float(value, "e") == text
-
-
-@pytest.mark.parametrize(
-    ("ms", "text"),
-    [
-        (None, "0001-01-01T00:00:00Z"),
-        (0, "1970-01-01T00:00:00Z"),
-        (1_700_000_000_100, "2023-11-14T22:13:20.1Z"),
-        (1_700_000_000_010, "2023-11-14T22:13:20.01Z"),
-    ],
-)
-def test_rfc3339(ms: int | None, text: str) -> None:
-    assert rfc3339(ms) == text
 
 
 def test_promtool_renderings() -> None:

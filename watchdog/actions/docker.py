@@ -18,13 +18,13 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from docker import DockerClient
 from docker.errors import APIError, DockerException, NotFound
 
 from ..errors import ActionError, RefusedError
+from ..formats.rfc3339 import parse_rfc3339
 from .incidents.bounded import last_lines
 from .runtime import Launch, LogTail, ServerPid
 
@@ -123,9 +123,7 @@ def _parse_time(text: str) -> float | None:
     """Unix time of a Docker timestamp (RFC 3339 with nanoseconds); None for Docker's zero time."""
     if not text or text.startswith("0001-"):
         return None
-    head, _, frac = text.rstrip("Z").partition(".")
-    stamp = datetime.fromisoformat(head).replace(tzinfo=timezone.utc)
-    return stamp.timestamp() + (float("0." + frac[:9]) if frac else 0.0)
+    return parse_rfc3339(text, no_zone="utc", nanoseconds=True)
 
 
 def _explain(exc: Exception) -> str:

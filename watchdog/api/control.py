@@ -27,7 +27,7 @@ from ..fleet.etcd import EtcdError
 from ..gateway.control.handle import GatewayControl
 from ..jsontext import parse
 from ..redact import Redactor
-from .inbound import BadRequest, inbound_alerts, rfc3339, silence_matchers, string_field
+from .inbound import BadRequest, inbound_alerts, silence_matchers, string_field, time_field
 from .jsonbodies import JSONAnswer
 from .promjson import ERROR_STATUS
 
@@ -226,7 +226,7 @@ def control_routes(
         body = await _body(request)
         now = clock()
         matchers = silence_matchers(body.get("matchers"))
-        ends = rfc3339(body.get("endsAt"), "endsAt")
+        ends = time_field(body.get("endsAt"), "endsAt")
         if ends is None:
             try:
                 ends = now + parse_duration(string_field(body, "duration", default=""))
@@ -234,7 +234,7 @@ def control_routes(
                 raise BadRequest(f"set endsAt (RFC 3339) or duration (e.g. 2h): {exc}") from None
         if ends <= now:
             raise BadRequest("endsAt: must be in the future")
-        starts = rfc3339(body.get("startsAt"), "startsAt") or now
+        starts = time_field(body.get("startsAt"), "startsAt") or now
         store = remediator.store
         sid = store.add_silence(
             matchers,

@@ -3,9 +3,10 @@ matchers; a problem raises BadRequest naming the field (answered 400)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
+from ..formats.rfc3339 import parse_rfc3339
+from ..formats.stringmap import string_map
 from ..matchers import make_matcher, parse_matcher
 from ..notifiers.alert import OutgoingAlert
 
@@ -22,21 +23,20 @@ def string_field(data: dict[str, Any], key: str, where: str = "", default: str |
 
 
 def _labels(value: object, where: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    found = string_map(value)
+    if found is None:
         raise BadRequest(f"{where}: must be an object of string values")
-    return dict(value)
+    return found
 
 
-def rfc3339(value: object, where: str) -> float | None:
+def time_field(value: object, where: str) -> float | None:
     """An RFC 3339 time as Alertmanager writes it; Go's zero time and absence are None."""
     if value is None or value == "" or (isinstance(value, str) and value.startswith("0001-01-01")):
         return None
     if not isinstance(value, str):
         raise BadRequest(f"{where}: must be an RFC 3339 time string")
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return parse_rfc3339(value, no_zone="local")
     except ValueError:
         raise BadRequest(f"{where}: not an RFC 3339 time: {value!r}") from None
 
@@ -56,8 +56,8 @@ def inbound_alerts(data: dict[str, Any], now: float) -> list[OutgoingAlert]:
             raise BadRequest(f"{where}.status: must be 'firing' or 'resolved'")
         labels = _labels(a.get("labels"), f"{where}.labels")
         annotations = _labels(a.get("annotations", {}), f"{where}.annotations")
-        starts = rfc3339(a.get("startsAt"), f"{where}.startsAt") or now
-        ends = rfc3339(a.get("endsAt"), f"{where}.endsAt")
+        starts = time_field(a.get("startsAt"), f"{where}.startsAt") or now
+        ends = time_field(a.get("endsAt"), f"{where}.endsAt")
         url = a.get("generatorURL", "")
         out.append(
             OutgoingAlert(

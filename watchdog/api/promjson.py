@@ -8,7 +8,6 @@ watchdog's answers as they read Prometheus'.
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..config.durations import parse_duration
+from ..formats.rfc3339 import parse_rfc3339
 from ..promql.values import Matrix, Scalar, String, Value
 from ..store import Labels
 from .jsonbodies import JSONAnswer
@@ -113,15 +113,9 @@ def result_json(value: Value) -> dict[str, Any]:
 def parse_time(text: str, name: str) -> float:
     """Unix seconds from a float or an RFC 3339 time, rounded to the millisecond as Prometheus does."""
     try:
-        t = float(text)
+        t = parse_rfc3339(text, require_t=True, unix_seconds=True)
     except ValueError:
         t = math.nan
-        try:
-            parsed = datetime.fromisoformat(text)
-            if "T" in text and parsed.tzinfo is not None:
-                t = parsed.timestamp()
-        except ValueError:
-            pass
     if not math.isfinite(t) or abs(t) > MAX_UNIX_SECONDS:
         raise bad_param(name, f"cannot parse {text[:64]!r} to a valid timestamp")
     return round(t, 3)

@@ -5,23 +5,17 @@ among them), as Prometheus shows them."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..config.durations import format_duration
+from ..formats.rfc3339 import MICROSECONDS, format_rfc3339, micros
 from ..sources.monitor import Monitor
 from ..sources.scrape import ScrapeStatus, ScrapeTarget
 
-NEVER = "0001-01-01T00:00:00Z"  # Go's zero time.Time, what Prometheus shows before the first scrape
 
-
-def rfc3339(t: float | None) -> str:
-    """A unix time as Go's time.Time marshals it (RFC 3339, UTC, up to nanoseconds, no trailing zeros)."""
-    if t is None:
-        return NEVER
-    text = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
-    return text + "Z"
+def _micros(t: float | None) -> int | None:
+    return None if t is None else micros(t)
 
 
 def _health(st: ScrapeStatus) -> str:
@@ -49,7 +43,7 @@ def _target(
         "scrapeUrl": scrape.url,
         "globalUrl": scrape.url,
         "lastError": st.last_error or "",
-        "lastScrape": rfc3339(st.last_scrape),
+        "lastScrape": format_rfc3339(_micros(st.last_scrape), MICROSECONDS),
         "lastScrapeDuration": st.last_duration,
         "health": _health(st),
         "scrapeInterval": interval,

@@ -7,11 +7,11 @@ import asyncio
 import json
 import math
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config.model import Config
 from ..exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from ..formats.rfc3339 import parse_rfc3339
 from ..promql.compile import compile_expr
 from ..promql.engine import Engine
 from ..promql.remote import backend_for
@@ -44,14 +44,9 @@ def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
 def parse_time(text: str) -> float:
     """`--time`: unix seconds (`1700000000.5`) or RFC 3339 (`2026-11-26T01:00:00Z`; no zone is UTC)."""
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        t = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+        return parse_rfc3339(text, no_zone="utc", lowercase_z=True, unix_seconds=True)
     except ValueError:
         raise ValueError(f"{text!r} is neither unix seconds nor RFC 3339 (2026-11-26T01:00:00Z)") from None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _scrape_problems(monitor: Monitor) -> tuple[list[str], bool]:

@@ -15,11 +15,11 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import TextIO
 
 from ..config.model import Config
 from ..errors import ScrapeError
+from ..formats.rfc3339 import format_rfc3339, micros
 from ..notifiers.alert import OutgoingAlert
 from ..promql.engine import Engine, vector_query
 from ..ruler.alerting import AlertState
@@ -314,7 +314,7 @@ def print_transitions(transitions: list[Transition], done: int, out: TextIO) -> 
 
 
 def _when(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return format_rfc3339(micros(t) // 1000, fixed=True)  # truncated to the millisecond
 
 
 def summary(rp: Replayer, out: TextIO) -> None:

@@ -13,12 +13,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TextIO
 
 import httpx
 
 from ..exitcodes import EXIT_OK, EXIT_UNREACHABLE
+from ..formats.rfc3339 import parse_rfc3339
 from .screen import CLEAR, TopError, age_text, api_data, api_get, clock_text, paint, table
 from .topfleet import fetch_fleet, render_fleet
 
@@ -131,10 +131,10 @@ def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _rfc3339(text: str) -> float | None:
+def _time_or_none(text: str) -> float | None:
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except (ValueError, AttributeError):
+        return parse_rfc3339(text, no_zone="local")
+    except ValueError:
         return None
 
 
@@ -206,7 +206,7 @@ def _alert_lines(snap: Snapshot, now: float, color: bool) -> list[str]:
         name = labels.pop("alertname", "?")
         labels.pop("severity", None)
         shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in _QUIET_LABELS)
-        since = _rfc3339(str(a.get("activeAt", "")))
+        since = _time_or_none(str(a.get("activeAt", "")))
         age = "" if since is None else f"  active {age_text(now - since)}"
         state = str(a.get("state", "")).upper()
         tag = paint(f"{state:<7}", "red" if state == "FIRING" else "yellow", color)

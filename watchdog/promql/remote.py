@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import ssl
 import threading
 from collections.abc import Mapping
@@ -25,10 +24,9 @@ from urllib3.util.retry import Retry
 
 from ..config.httpauth import ClientSettings, CredentialError, sign
 from ..config.model import RemoteBackendConfig
+from ..formats.gostrconv import parse_float
 from ..store import Labels
 from .values import QueryError, Sample, Vector, to_ms
-
-_FLOATS = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
 
 
 def redact_url(url: str) -> str:
@@ -178,8 +176,7 @@ def _convert(kind: object, result: Any, at: float) -> Vector:
 def _float(text: object) -> float:
     if not isinstance(text, str):
         raise ValueError(f"sample value {text!r} is not a string")
-    special = _FLOATS.get(text)
-    return special if special is not None else float(text)
+    return parse_float(text)  # as client_golang reads a SampleValue: strconv.ParseFloat
 
 
 def _ms(t: object) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ..errors import ConfigError
+from ..formats.gostrconv import format_float, go_quote
 from ..promql.engine import Engine, vector_query
 from ..promql.values import PromQLError, QueryError, Scalar, Vector
 from ..ruler.alerting import AlertState
@@ -21,7 +22,6 @@ from ..ruler.files import load_rule_files
 from ..ruler.groups import Group
 from ..store import Labels, SampleStore
 from ..templates.gofmt import go_labels, indent_lines
-from ..formats.gostrconv import format_float, go_quote
 from ..templates.gotime import model_duration, time_duration
 from .testfile import AlertTest, ExprTest, TestFile, TestGroup, load_test_file
 

@@ -18,11 +18,11 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote_plus, urljoin
 
+from ..formats.gostrconv import format_float, go_number
+from ..formats.rfc3339 import format_rfc3339
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc, Sample, Vector
 from ..store import Labels
-from ..formats.gostrconv import format_float, go_number
-from ..templates.gotime import rfc3339
 from .expansion import Expander
 from .files import Rule
 
@@ -310,11 +310,11 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "labels": dict(alert.labels),
         "annotations": dict(sorted(alert.annotations.items())),
         "state": str(alert.state),
-        "activeAt": rfc3339(alert.active_at),
+        "activeAt": format_rfc3339(alert.active_at),
         "value": format_float(alert.value, "e"),
     }
     if alert.keep_firing_since is not None:
-        out["keepFiringSince"] = rfc3339(alert.keep_firing_since)
+        out["keepFiringSince"] = format_rfc3339(alert.keep_firing_since)
     return out
 
 
@@ -340,5 +340,5 @@ def status_json(status: RuleStatus) -> dict[str, Any]:
     if status.last_error:
         out["lastError"] = status.last_error
     out["evaluationTime"] = status.evaluation_seconds
-    out["lastEvaluation"] = rfc3339(status.last_evaluation)
+    out["lastEvaluation"] = format_rfc3339(status.last_evaluation)
     return out

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WatchdogError
+from ..formats.gostrconv import go_number
+from ..formats.rfc3339 import format_rfc3339
 from ..notifiers.alert import OutgoingAlert
 from ..promql.values import QueryError, QueryFunc, to_ms
 from ..store import Exposure, Labels, SampleStore
-from ..formats.gostrconv import go_number
-from ..templates.gotime import rfc3339
 from .alerting import (
     RESOLVED_RETENTION_MS,
     Alert,
@@ -204,7 +204,7 @@ class Group:
             "interval": go_number(self.interval),
             "limit": self.spec.limit,
             "evaluationTime": self.evaluation_seconds,
-            "lastEvaluation": rfc3339(self.last_evaluation),
+            "lastEvaluation": format_rfc3339(self.last_evaluation),
         }
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..formats.stringmap import string_map
 from ..statehealth import PRIVATE_FILE, private_dir
 from .alerting import Alert, AlertingRule, AlertState, rule_identity
 from .files import history_needed
@@ -81,11 +82,10 @@ def _opt_int(doc: dict[str, Any], key: str) -> int | None:
 
 
 def _str_map(value: Any, what: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    found = string_map(value)
+    if found is None:
         raise ValueError(f"{what} is not a map of strings")
-    return dict(value)
+    return found
 
 
 def _alert(doc: Any) -> Alert:

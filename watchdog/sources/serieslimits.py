@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..config.limits import ScrapeLimits
 from ..errors import ScrapeError
-from ..store import Labels, Series, metric_name
 from ..formats.gostrconv import go_quote
+from ..store import Labels, Series, metric_name
 
 LABEL_LIMITS = "label_limits"  # ScrapeError.kind of the three, as Prometheus counts them together
 SERIES_LIMIT = "series_limit"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..store import Labels
 from ..formats.gostrconv import format_float, go_quote
+from ..store import Labels
 from .govalues import AlertData, GoTime, go_type
 
 _TOO_LARGE = 1_000_000  # fmt rejects widths and precisions beyond this (%!(BADWIDTH))

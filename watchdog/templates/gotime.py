@@ -1,8 +1,7 @@
-"""Go's durations and times as text: Prometheus' model.Duration, time.Duration, RFC 3339 in JSON."""
+"""Go's durations as text: Prometheus' model.Duration and time.Duration (RFC 3339 times: formats/rfc3339)."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
 from decimal import Decimal
 
 _MODEL_UNITS = (
@@ -14,7 +13,6 @@ _MODEL_UNITS = (
     ("s", 1000, False),
     ("ms", 1, False),
 )
-_EPOCH = date(1970, 1, 1)
 
 
 def model_duration(seconds: float) -> str:
@@ -56,14 +54,3 @@ def time_duration(seconds: float) -> str:
     if minutes:
         return f"{sign}{minutes}m{secs}s"
     return f"{sign}{secs}s"
-
-
-def rfc3339(ms: int | None) -> str:
-    """A time as Go marshals time.Time to JSON (RFC 3339, UTC); None is Go's zero time."""
-    if ms is None:
-        return "0001-01-01T00:00:00Z"
-    seconds, millis = divmod(ms, 1000)
-    days, rest = divmod(seconds, 86400)
-    day = _EPOCH + timedelta(days=days)
-    frac = f".{millis:03d}".rstrip("0") if millis else ""
-    return f"{day.isoformat()}T{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}{frac}Z"

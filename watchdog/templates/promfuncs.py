@@ -8,9 +8,9 @@ from collections.abc import Callable
 from urllib.parse import quote_plus
 
 from ..config.durations import parse_duration
+from ..formats.gostrconv import format_float, go_quote, parse_float
 from ..goregex import RegexError, compile_go
 from .builtins import A, Func, FuncError, S
-from ..formats.gostrconv import format_float, go_quote, parse_float
 from .govalues import HTML, ArgsMap, GoTime, go_type
 
 
