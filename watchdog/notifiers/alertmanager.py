@@ -14,7 +14,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..formats.rfc3339 import format_rfc3339, millis
-from ..formats.rfc3339 import format_rfc3339, millis
 from .alert import OutgoingAlert
 from .notifier import Receiver
 
