@@ -50,8 +50,9 @@ _UNIT_CHARS = frozenset(string.ascii_letters + string.digits + ":_.\\@-")
 
 
 @dataclass(frozen=True)
-class Runtime:
-    """How actions reach a server the reserved labels describe (nothing: watch only)."""
+class RuntimeRef:
+    """Which container or systemd unit runs a server, and its GPUs, as its reserved labels name them (none:
+    watch only). A reference the actions' Runtime for that server is chosen by."""
 
     container: str | None = None
     unit: str | None = None
@@ -192,7 +193,7 @@ def _group(node: Node, source: str, path: str, sd: FileSdConfig) -> list[TargetC
     if not metrics_path.startswith("/"):
         where.error("__metrics_path__ must start with '/'")
         return []
-    how = _runtime(labels, where, sd)
+    how = _runtime_ref(labels, where, sd)
     if how is None:
         return []
     own = {k: v for k, v in labels.items() if not k.startswith("__") and k != "job"}
@@ -255,7 +256,7 @@ def _labels(node: Node) -> dict[str, str] | None:
     return labels if ok else None
 
 
-def _runtime(labels: Mapping[str, str], where: Node, sd: FileSdConfig) -> Runtime | None:
+def _runtime_ref(labels: Mapping[str, str], where: Node, sd: FileSdConfig) -> RuntimeRef | None:
     """The container, unit and GPUs the reserved labels give; None if they ask what `runtimes` forbids or
     name no valid container or unit (problems recorded)."""
     container, unit = labels.get(CONTAINER_LABEL) or None, labels.get(UNIT_LABEL) or None
@@ -279,4 +280,4 @@ def _runtime(labels: Mapping[str, str], where: Node, sd: FileSdConfig) -> Runtim
         except ValueError as exc:
             where.error(f"{GPUS_LABEL} {exc}")
             return None
-    return Runtime(container, unit, gpus)
+    return RuntimeRef(container, unit, gpus)
