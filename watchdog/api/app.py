@@ -76,80 +76,94 @@ class ApiOptions:
     ready: Callable[[], bool] = lambda: True  # /-/ready: 503 until the daemon has started
 
 
+class DaemonApi:
+    """The daemon's own routes: /metrics, /healthz, targets, alerts, rules and reload, one method each."""
+
+    def __init__(self, options: ApiOptions, redactor: Callable[[], Redactor]) -> None:
+        self.options = options
+        self.redactor = redactor
+
+    def answer(self, data: Any) -> JSONResponse:
+        """`data` as JSON, redacted."""
+        return JSONAnswer(self.redactor().value(data))
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: the own metrics, redacted."""
+        text = generate_latest(self.options.registry)
+        return Response(self.redactor().bytes(text), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(self, request: Request) -> Response:
+        """GET /healthz: 503 when the scheduler is not running."""
+        if self.options.healthy():
+            return JSONAnswer({"status": "ok"})
+        return error_response(503, "scheduler is not running")
+
+    async def targets(self, request: Request) -> Response:
+        """GET /api/v1/targets, as Prometheus answers it."""
+        q, monitor = request.query_params, self.options.monitor
+        data = targets_json(monitor, q.get("scrapePool", ""), q.get("state", ""))
+        return self.answer({"status": "success", "data": data})
+
+    async def alerts(self, request: Request) -> Response:
+        """GET /api/v1/alerts."""
+        return self.answer(self.options.evaluation.manager.alerts_json())
+
+    async def rules(self, request: Request) -> Response:
+        """GET /api/v1/rules."""
+        return self.answer(self.options.evaluation.manager.rules_json())
+
+    async def reload(self, request: Request) -> Response:
+        """POST /-/reload: 422 with the problems when the new config is rejected."""
+        await request.body()  # none is expected; reading it enforces the limit on a chunked one
+        ok, problems = await self.options.reload()
+        if ok:
+            return JSONAnswer({"status": "success"})
+        return JSONAnswer({"status": "error", "errors": self.redactor().value(problems)}, status_code=422)
+
+
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    BadRequest: bad_request,
+    ClientDisconnect: client_gone,
+    ChannelError: gateway_unreachable,
+    HTTPException: http_error,
+}
+
+
 def build_app(options: ApiOptions) -> Starlette:
     """The Starlette app; the bearer token and the redaction follow the monitor's current config."""
-    monitor, evaluation, registry = options.monitor, options.evaluation, options.registry
+    monitor = options.monitor
     redactors = ConfigRedactors()
-    runner = QueryRunner(options.monotonic)  # the queries and /api/v1/samples take turns at it
 
     def redactor() -> Redactor:
         return redactors.get(monitor.config)
 
-    def answer(data: Any) -> JSONResponse:
-        return JSONAnswer(redactor().value(data))
-
-    async def metrics(request: Request) -> Response:
-        return Response(redactor().bytes(generate_latest(registry)), media_type=CONTENT_TYPE_LATEST)
-
-    async def healthz(request: Request) -> Response:
-        if options.healthy():
-            return JSONAnswer({"status": "ok"})
-        return error_response(503, "scheduler is not running")
-
-    async def targets(request: Request) -> Response:
-        q = request.query_params
-        return answer(
-            {"status": "success", "data": targets_json(monitor, q.get("scrapePool", ""), q.get("state", ""))}
-        )
-
-    async def alerts(request: Request) -> Response:
-        return answer(evaluation.manager.alerts_json())
-
-    async def rules(request: Request) -> Response:
-        return answer(evaluation.manager.rules_json())
-
-    async def do_reload(request: Request) -> Response:
-        await request.body()  # none is expected; reading it enforces the limit on a chunked one
-        ok, problems = await options.reload()
-        if ok:
-            return JSONAnswer({"status": "success"})
-        return JSONAnswer({"status": "error", "errors": redactor().value(problems)}, status_code=422)
-
-    return Starlette(
-        middleware=[
-            Middleware(
-                ControlGuard,
-                get_token=lambda: monitor.config.api_token,
-                limits={"/-/reload": MAX_CONTROL_BODY} | dict.fromkeys(READ_POSTS, MAX_QUERY_BODY),
-                read_posts=READ_POSTS,
-            ),
-        ],
-        exception_handlers={
-            BadRequest: bad_request,
-            ClientDisconnect: client_gone,
-            ChannelError: gateway_unreachable,
-            HTTPException: http_error,
-        },
-        routes=[
-            Route("/metrics", metrics),
-            Route("/healthz", healthz),
-            Route("/api/v1/targets", targets),
-            samples_route(lambda: monitor.store, redactor, runner),
-            *query_routes(
-                QueryOptions(
-                    lambda: monitor.config,
-                    lambda: monitor.store,
-                    redactor,
-                    options.clock,
-                    options.monotonic,
-                    options.ready,
-                    runner,
-                )
-            ),
-            Route("/api/v1/alerts", alerts),
-            Route("/api/v1/rules", rules),
-            Route("/-/reload", do_reload, methods=["POST"]),
-            *control_routes(options.remediator, options.gateway, options.clock, redactor),
-            *incident_routes(options.remediator, answer),
-        ],
+    runner = QueryRunner(options.monotonic)  # the queries and /api/v1/samples take turns at it
+    query = QueryOptions(
+        lambda: monitor.config,
+        lambda: monitor.store,
+        redactor,
+        options.clock,
+        options.monotonic,
+        options.ready,
+        runner,
     )
+    own = DaemonApi(options, redactor)
+    guard = Middleware(
+        ControlGuard,
+        get_token=lambda: monitor.config.api_token,
+        limits={"/-/reload": MAX_CONTROL_BODY} | dict.fromkeys(READ_POSTS, MAX_QUERY_BODY),
+        read_posts=READ_POSTS,
+    )
+    routes = [
+        Route("/metrics", own.metrics),
+        Route("/healthz", own.healthz),
+        Route("/api/v1/targets", own.targets),
+        samples_route(lambda: monitor.store, redactor, runner),
+        *query_routes(query),
+        Route("/api/v1/alerts", own.alerts),
+        Route("/api/v1/rules", own.rules),
+        Route("/-/reload", own.reload, methods=["POST"]),
+        *control_routes(options.remediator, options.gateway, options.clock, redactor),
+        *incident_routes(options.remediator, own.answer),
+    ]
+    return Starlette(middleware=[guard], exception_handlers=EXCEPTION_HANDLERS, routes=routes)

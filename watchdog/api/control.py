@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -190,41 +191,113 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     return value
 
 
-def control_routes(
-    remediator: Remediator,
-    gateway: GatewayControl | None,
-    clock: Callable[[], float],
-    get_redactor: Callable[[], Redactor] = Redactor,
-) -> list[Route]:
-    """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
+@dataclass(frozen=True)
+class ControlOptions:
+    """What the action routes work on: the remediation, the gateway's control (None without a gateway), the
+    wall clock, and the config's redactor for what they show."""
 
-    def answer(data: Any, status_code: int = 200) -> JSONResponse:
-        return JSONAnswer(get_redactor().value(data), status_code=status_code)
+    remediator: Remediator
+    gateway: GatewayControl | None
+    clock: Callable[[], float]
+    redactor: Callable[[], Redactor] = Redactor
 
-    async def actions(request: Request) -> Response:
+    def answer(self, data: Any, status_code: int = 200) -> JSONResponse:
+        """`data` as JSON, redacted."""
+        return JSONAnswer(self.redactor().value(data), status_code=status_code)
+
+
+class RemediationApi:
+    """History, the fleet, maintenance mode, manual runs and inbound alerts: one method per route."""
+
+    def __init__(self, options: ControlOptions) -> None:
+        self.options = options
+        self.remediator = options.remediator
+
+    def routes(self) -> list[Route]:
+        """Its routes."""
+        return [
+            Route("/api/v1/actions", self.actions),
+            Route("/api/v1/fleet", self.fleet),
+            Route("/api/v1/pause", self.pause, methods=["POST"]),
+            Route("/api/v1/resume", self.resume, methods=["POST"]),
+            Route("/api/v1/actions/{name}/run", self.run, methods=["POST"]),
+            Route("/api/v1/alertmanager", self.inbound, methods=["POST"]),
+        ]
+
+    async def actions(self, request: Request) -> Response:
+        """GET /api/v1/actions: the remediation's state and its last `limit` actions."""
         limit = query_int(request, "limit", 100, 1, MAX_HISTORY)
-        return answer(remediator.status_json(clock(), limit=limit))
+        return self.options.answer(self.remediator.status_json(self.options.clock(), limit=limit))
 
-    async def fleet(request: Request) -> Response:
+    async def fleet(self, request: Request) -> Response:
+        """GET /api/v1/fleet: the fleet group, as etcd has it; 503 when etcd cannot be read."""
         try:
-            data = await remediator.budget.group()
+            data = await self.remediator.budget.group()
         except EtcdError as exc:
             return error_response(503, f"etcd cannot be read: {exc}")
-        return answer({"status": "success", "data": data})  # {"enabled": false} outside a fleet
+        return self.options.answer({"status": "success", "data": data})  # {"enabled": false} outside a fleet
 
-    async def pause(request: Request) -> Response:
+    async def pause(self, request: Request) -> Response:
+        """POST /api/v1/pause: maintenance mode on."""
         body = await _body(request)
         reason = string_field(body, "reason", default="maintenance")
-        remediator.store.set_paused(True, reason, clock())
+        self.remediator.store.set_paused(True, reason, self.options.clock())
         return JSONAnswer({"status": "success", "paused": True, "reason": reason})
 
-    async def resume(request: Request) -> Response:
-        remediator.store.set_paused(False, "", clock())
+    async def resume(self, request: Request) -> Response:
+        """POST /api/v1/resume: maintenance mode off."""
+        self.remediator.store.set_paused(False, "", self.options.clock())
         return JSONAnswer({"status": "success", "paused": False})
 
-    async def add_silence(request: Request) -> Response:
+    async def run(self, request: Request) -> Response:
+        """POST /api/v1/actions/{name}/run: queue an action by hand, and with `wait` wait for its result."""
         body = await _body(request)
-        now = clock()
+        target = body.get("target")
+        if target is not None and not isinstance(target, str):
+            raise BadRequest("target: must be a string")
+        try:
+            job = self.remediator.run_manual(request.path_params["name"], target)
+        except ValueError as exc:
+            return error_response(404, str(exc))
+        if not body.get("wait", False) or job.done is None:
+            return JSONAnswer({"status": "success", "queued": True}, status_code=202)
+        result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
+        return self.options.answer({"status": "success", "result": result})
+
+    async def inbound(self, request: Request) -> Response:
+        """POST /api/v1/alertmanager: an Alertmanager webhook's alerts, routed as the rules' are."""
+        body = await _body(request)
+        given = body.get("alerts")
+        if isinstance(given, list) and len(given) > MAX_INBOUND_ALERTS:
+            message = (
+                f"alerts: {len(given)} alerts in one webhook, at most {MAX_INBOUND_ALERTS}"
+                " (set max_alerts in the Alertmanager's webhook_config)"
+            )
+            return error_response(413, message)
+        clock = self.options.clock
+        alerts = inbound_alerts(body, clock())
+        queued = self.remediator.handle(alerts, clock(), trigger="inbound")
+        return JSONAnswer({"status": "success", "alerts": len(alerts), "queued": queued})
+
+
+class SilencesApi:
+    """Silences: add, list, expire."""
+
+    def __init__(self, options: ControlOptions) -> None:
+        self.options = options
+
+    def routes(self) -> list[Route]:
+        """Its routes."""
+        return [
+            Route("/api/v1/silences", self.add_silence, methods=["POST"]),
+            Route("/api/v1/silences", self.silences, methods=["GET"]),
+            Route("/api/v1/silences/{sid}", self.expire_silence, methods=["DELETE"]),
+        ]
+
+    async def add_silence(self, request: Request) -> Response:
+        """POST /api/v1/silences: matchers until endsAt (or for a duration), from startsAt (or now)."""
+        body = await _body(request)
+        now = self.options.clock()
         matchers = silence_matchers(body.get("matchers"))
         ends = time_field(body.get("endsAt"), "endsAt")
         if ends is None:
@@ -235,8 +308,7 @@ def control_routes(
         if ends <= now:
             raise BadRequest("endsAt: must be in the future")
         starts = time_field(body.get("startsAt"), "startsAt") or now
-        store = remediator.store
-        sid = store.add_silence(
+        sid = self.options.remediator.store.add_silence(
             matchers,
             starts,
             ends,
@@ -246,48 +318,42 @@ def control_routes(
         )
         return JSONAnswer({"status": "success", "silenceID": sid})
 
-    async def list_silences(request: Request) -> Response:
-        silences = remediator.store.silences(clock(), active_only=False)
-        return answer({"status": "success", "data": [s.to_json() for s in silences]})
+    async def silences(self, request: Request) -> Response:
+        """GET /api/v1/silences: every silence, expired ones too."""
+        silences = self.options.remediator.store.silences(self.options.clock(), active_only=False)
+        return self.options.answer({"status": "success", "data": [s.to_json() for s in silences]})
 
-    async def expire_silence(request: Request) -> Response:
-        if not remediator.store.expire_silence(request.path_params["sid"], clock()):
+    async def expire_silence(self, request: Request) -> Response:
+        """DELETE /api/v1/silences/{sid}: 404 unless it is active."""
+        if not self.options.remediator.store.expire_silence(request.path_params["sid"], self.options.clock()):
             return error_response(404, "no such active silence")
         return JSONAnswer({"status": "success"})
 
-    async def run(request: Request) -> Response:
-        body = await _body(request)
-        target = body.get("target")
-        if target is not None and not isinstance(target, str):
-            raise BadRequest("target: must be a string")
-        try:
-            job = remediator.run_manual(request.path_params["name"], target)
-        except ValueError as exc:
-            return error_response(404, str(exc))
-        if not body.get("wait", False) or job.done is None:
-            return JSONAnswer({"status": "success", "queued": True}, status_code=202)
-        result = await asyncio.wait_for(asyncio.shield(job.done), MANUAL_WAIT_LIMIT)
-        return answer({"status": "success", "result": result})
 
-    async def inbound(request: Request) -> Response:
-        body = await _body(request)
-        given = body.get("alerts")
-        if isinstance(given, list) and len(given) > MAX_INBOUND_ALERTS:
-            message = (
-                f"alerts: {len(given)} alerts in one webhook, at most {MAX_INBOUND_ALERTS}"
-                " (set max_alerts in the Alertmanager's webhook_config)"
-            )
-            return error_response(413, message)
-        alerts = inbound_alerts(body, clock())
-        queued = remediator.handle(alerts, clock(), trigger="inbound")
-        return JSONAnswer({"status": "success", "alerts": len(alerts), "queued": queued})
+class GatewayApi:
+    """The gateway's status and its session breakers; 404 on each route without a gateway."""
 
-    async def gateway_status(request: Request) -> Response:
+    def __init__(self, options: ControlOptions) -> None:
+        self.options = options
+
+    def routes(self) -> list[Route]:
+        """Its routes."""
+        return [
+            Route("/api/v1/gateway", self.status),
+            Route("/api/v1/gateway/breakers", self.open_breaker, methods=["POST"]),
+            Route("/api/v1/gateway/breakers/{session}", self.close_breaker, methods=["DELETE"]),
+        ]
+
+    async def status(self, request: Request) -> Response:
+        """GET /api/v1/gateway."""
+        gateway = self.options.gateway
         if gateway is None:
             return error_response(404, "no gateway configured")
-        return answer({"status": "success", "data": await gateway.status_json()})
+        return self.options.answer({"status": "success", "data": await gateway.status_json()})
 
-    async def open_breaker(request: Request) -> Response:
+    async def open_breaker(self, request: Request) -> Response:
+        """POST /api/v1/gateway/breakers: open a session's breaker for a duration."""
+        gateway = self.options.gateway
         if gateway is None:
             return error_response(404, "no gateway configured")
         body = await _body(request)
@@ -305,23 +371,21 @@ def control_routes(
         await gateway.open_breaker(session, duration, reason)
         return JSONAnswer({"status": "success", "session": session, "seconds": duration})
 
-    async def close_breaker(request: Request) -> Response:
+    async def close_breaker(self, request: Request) -> Response:
+        """DELETE /api/v1/gateway/breakers/{session}."""
+        gateway = self.options.gateway
         if gateway is None:
             return error_response(404, "no gateway configured")
         await gateway.close_breaker(request.path_params["session"])
         return JSONAnswer({"status": "success"})
 
-    return [
-        Route("/api/v1/gateway", gateway_status),
-        Route("/api/v1/gateway/breakers", open_breaker, methods=["POST"]),
-        Route("/api/v1/gateway/breakers/{session}", close_breaker, methods=["DELETE"]),
-        Route("/api/v1/actions", actions),
-        Route("/api/v1/fleet", fleet),
-        Route("/api/v1/pause", pause, methods=["POST"]),
-        Route("/api/v1/resume", resume, methods=["POST"]),
-        Route("/api/v1/silences", add_silence, methods=["POST"]),
-        Route("/api/v1/silences", list_silences, methods=["GET"]),
-        Route("/api/v1/silences/{sid}", expire_silence, methods=["DELETE"]),
-        Route("/api/v1/actions/{name}/run", run, methods=["POST"]),
-        Route("/api/v1/alertmanager", inbound, methods=["POST"]),
-    ]
+
+def control_routes(
+    remediator: Remediator,
+    gateway: GatewayControl | None,
+    clock: Callable[[], float],
+    get_redactor: Callable[[], Redactor] = Redactor,
+) -> list[Route]:
+    """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
+    options = ControlOptions(remediator, gateway, clock, get_redactor)
+    return [*GatewayApi(options).routes(), *RemediationApi(options).routes(), *SilencesApi(options).routes()]
