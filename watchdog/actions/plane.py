@@ -17,6 +17,7 @@ from ..background import Background
 from ..config.model import Config
 from ..config.targets import TargetConfig
 from ..fleet.budget import NO_BUDGET, DisruptionBudget, FleetBudget, FleetOptions
+from ..fleet.correlated import FIRING_HOLD
 from ..gateway.config import GatewayConfig
 from ..gateway.control.handle import GatewayControl, GatewayControlOptions
 from ..gateway.control.process import process_link
@@ -39,7 +40,6 @@ from .targetruntimes import build_runtimes
 
 log = logging.getLogger(__name__)
 NOTIFY_DB = "notifications.sqlite"
-FIRING_HOLD = 300.0  # an alert with no end shown as firing this long after it was last sent
 MAX_FIRING = 1024  # firing alerts kept for the fleet view
 
 
