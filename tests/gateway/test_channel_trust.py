@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,6 +145,15 @@ def _answers(config: GatewayConfig, pid: object) -> dict[str, Any]:
         "status": {"pid": pid, "limit": 0, "in_flight": 64, "draining": True},
         "tick": {"snapshot": encode(forged), "state": state, "lapses": 0},
     }
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory under /tmp instead of pytest's: a Unix socket's path holds at most 107 bytes, and
+    under xdist `tmp_path` with `shared/vllm-watchdog-0/sub/gateway.sock` below it came to 111."""
+    path = Path(tempfile.mkdtemp(prefix="trust-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _private(tmp_path: Path, mode: int = 0o700) -> Path:
