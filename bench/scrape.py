@@ -42,8 +42,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_watchdog.config.model import GlobalConfig, bundled_rules_dir
 from vllm_watchdog.ruler.files import load_rule_files, store_needs
 from vllm_watchdog.sources.exposition import parse
-from vllm_watchdog.sources.monitor import ALWAYS_KEPT
 from vllm_watchdog.sources.scrape import ScrapeTarget
+from vllm_watchdog.sources.storeneeds import ALWAYS_KEPT
 from vllm_watchdog.store import SampleStore
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt"

@@ -77,12 +77,7 @@ SHARED_LEAVES = frozenset(
 TOP_LEVEL = {f"{PACKAGE}.cli": "cli", f"{PACKAGE}.__main__": "cli"}
 
 # Imports that still run against the flow: (importer, imported) -> why.
-EXCEPTIONS: Mapping[tuple[str, str], str] = {
-    (f"{PACKAGE}.sources.monitor", f"{PACKAGE}.ruler.files"): (
-        "the monitor stores only the metric families the rules read and keeps history as far back as they "
-        "look (store_needs); the daemon could compute StoreNeeds and hand it over instead of the rule groups"
-    ),
-}
+EXCEPTIONS: Mapping[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 from vllm_watchdog.config.model import DEFAULTS_NAME, load_config, parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.redact import config_secrets
+from vllm_watchdog.sources.config import GpuExporterConfig
 
 FULL = """
 global:
@@ -50,7 +51,9 @@ def test_full_config_parses_into_typed_values() -> None:
     assert t1.metrics_url == "http://127.0.0.1:8001/metrics"
     assert t1.health_url == "http://127.0.0.1:8001/health"
     assert not t1.canary.enabled
-    assert cfg.gpus.nvml and cfg.gpus.dcgm_url == "http://127.0.0.1:9400/metrics"
+    assert cfg.gpus.nvml and cfg.gpus.exporters == (
+        GpuExporterConfig("dcgm", "http://127.0.0.1:9400/metrics"),
+    )
     assert cfg.listens_on_loopback
 
 

@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.support.clock import T0
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.sources.enginestate import SLEEP_STATE, STATE_SERIES
 from vllm_watchdog.sources.metrics import MonitorCollector
-from vllm_watchdog.sources.enginestate import STATE_SERIES
-from vllm_watchdog.sources.monitor import Monitor
+from vllm_watchdog.sources.monitor import Monitor, MonitorOptions
 from vllm_watchdog.sources.selffeed import SelfFeed
+from vllm_watchdog.sources.storeneeds import ALWAYS_KEPT
 from vllm_watchdog.store import make_labels
 
 pytestmark = pytest.mark.anyio
@@ -31,7 +32,7 @@ vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="discard_all"} 
 
 def monitor(url: str, canary: str = "false") -> Monitor:
     text = f"targets: [{{name: t, url: '{url}', health_timeout: 500ms, canary: {canary}}}]\n"
-    return Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
+    return Monitor(parse_config(text, "c.yml", env={}), MonitorOptions(client_factory=httpx.AsyncClient))
 
 
 async def probed(mon: Monitor, now: float) -> None:
@@ -220,3 +221,7 @@ async def test_a_slow_is_paused_never_holds_the_health_probe_back(fault: FaultSe
     assert mon.engine_state("t", T0 + 3) == "" and value(mon, SLEEPING, T0 + 3) == 0.0
     assert mon.targets["t"].state.endpoints["paused"].last_error == "timeout after 0.5s"
     await mon.aclose()
+
+
+def test_the_store_always_keeps_the_sleep_state() -> None:
+    assert SLEEP_STATE in ALWAYS_KEPT  # the engine_paused rail reads it, whatever the rules read

@@ -17,8 +17,9 @@ from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.gpu import GpuCollector
-from vllm_watchdog.sources.monitor import Monitor
+from vllm_watchdog.sources.monitor import Monitor, MonitorOptions
 from vllm_watchdog.sources.nvml import NvmlSource
+from vllm_watchdog.sources.storeneeds import NO_RULES
 from vllm_watchdog.store import SampleStore, is_stale
 
 DCGM_PAYLOAD = """# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
@@ -102,18 +103,72 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
 async def test_reload_with_new_scrape_settings_retires_the_old_dcgm_scraper(fault: FaultServer) -> None:
     fault.set("/dcgm", DCGM_PAYLOAD)
     text = f"gpus: {{dcgm_url: '{fault.url}/dcgm'}}\n"
-    monitor = Monitor(parse_config(text, "c.yml", env={}), (), client_factory=httpx.AsyncClient)
-    old = monitor.dcgm
+    monitor = Monitor(parse_config(text, "c.yml", env={}), MonitorOptions(client_factory=httpx.AsyncClient))
+    old = monitor.exporters.get("dcgm")
     assert old is not None
-    await monitor.scrape_dcgm(1.0)
+    await monitor.scrape_exporter("dcgm", 1.0)
     assert old.connected  # kept alive between scrapes
     faster = parse_config("global: {scrape_interval: 2s}\n" + text, "c.yml", env={})
-    monitor.apply(faster, (), now=2.0)
+    monitor.apply(faster, NO_RULES, now=2.0)
     await monitor.close_retired()
-    assert monitor.dcgm is not None and monitor.dcgm is not old
+    new = monitor.exporters.get("dcgm")
+    assert new is not None and new is not old
     assert not old.connected
     assert all(is_stale(s.vals[-1]) for s in monitor.store.select("DCGM_FI_DEV_GPU_TEMP"))
-    await monitor.scrape_dcgm(2.0)
-    assert monitor.dcgm.connected
+    await monitor.scrape_exporter("dcgm", 2.0)
+    assert new.connected
     await monitor.aclose()
-    assert not monitor.dcgm.connected
+    assert not new.connected
+
+
+@pytest.mark.anyio
+async def test_two_exporters_each_scraped_with_its_labels_named_in_the_summary_and_retired_alone(
+    fault: FaultServer,
+) -> None:
+    fault.set("/a", DCGM_PAYLOAD)
+    fault.set("/b", "gone", status=503)
+    text = (
+        "gpus:\n  exporters:\n"
+        f"    - {{name: node-a, url: '{fault.url}/a', labels: {{rack: r1}}}}\n"
+        f"    - {{name: node-b, url: '{fault.url}/b', job: gpu}}\n"
+    )
+    monitor = Monitor(parse_config(text, "c.yml", env={}), MonitorOptions(client_factory=httpx.AsyncClient))
+    assert list(monitor.exporters) == ["node-a", "node-b"]
+    await monitor.scrape_exporter("node-a", 1.0)
+    await monitor.scrape_exporter("node-b", 1.0)
+    (temp,) = monitor.store.select("DCGM_FI_DEV_GPU_TEMP")
+    labels = dict(temp.labels)
+    assert (labels["job"], labels["instance"], labels["rack"]) == ("dcgm", fault.url.split("//")[1], "r1")
+    ups = {dict(s.labels)["job"]: s.vals[-1] for s in monitor.store.select("up")}
+    assert ups == {"dcgm": 1.0, "gpu": 0.0}
+    summary = monitor.warnings.summary(monitor.warnings.episodes, monitor.monotonic())
+    assert summary.startswith("0 of 0 targets down; node-b-exporter scrape: server returned HTTP status 503")
+    kept = monitor.exporters["node-a"]
+    only_a = "gpus:\n  exporters:\n" + text.splitlines(keepends=True)[2]
+    monitor.apply(parse_config(only_a, "c.yml", env={}), NO_RULES, now=2.0)
+    await monitor.close_retired()
+    assert monitor.exporters == {"node-a": kept}  # the same settings: the same scraper and connection
+    assert [key for key in monitor.warnings.episodes if "node-b" in str(key)] == []
+    await monitor.aclose()
+
+
+def test_nvml_attaches_from_the_config_and_detaches_on_reload() -> None:
+    fake = FakeNvml(gpus=1)
+    options = MonitorOptions(client_factory=httpx.AsyncClient, nvml=fake, hostname="h")
+    monitor = Monitor(parse_config("gpus: {nvml: true}\n", "c.yml", env={}), options)
+    assert monitor.gpu is not None and monitor.gpu.instance == "h"
+    assert monitor.gpu.collect() and monitor.gpu.up
+    monitor.apply(parse_config("gpus: {nvml: false}\n", "c.yml", env={}), NO_RULES, now=1.0)
+    assert monitor.gpu is None and fake.count("nvmlShutdown") == 1
+
+
+def test_the_daemon_schedules_each_exporter_and_nvml() -> None:
+    text = (
+        "gpus:\n  nvml: true\n  exporters:\n"
+        "    - {name: node-a, url: 'http://127.0.0.1:9/a'}\n"
+        "    - {name: node-b, url: 'http://127.0.0.1:9/b'}\n"
+    )
+    d = Daemon(parse_config(text, "c.yml", env={}), (), DaemonOptions(env={}, nvml=FakeNvml(gpus=1)))
+    d._schedule(d.monitor.config)
+    jobs = set(d.schedule.due_times())
+    assert {"scrape:node-a", "scrape:node-b", "nvml"} <= jobs

@@ -17,7 +17,7 @@ from vllm_watchdog.actions.readiness import ReadyCheck
 from vllm_watchdog.config.httpauth import ClientSettings
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.sources.httpget import HttpGet
-from vllm_watchdog.sources.monitor import Monitor, client_for
+from vllm_watchdog.sources.monitor import Monitor, MonitorOptions, client_for
 
 pytestmark = pytest.mark.anyio
 METRICS = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
@@ -53,7 +53,7 @@ async def monitors() -> AsyncIterator[Callable[[Config], Monitor]]:
     made: list[Monitor] = []
 
     def make(config: Config) -> Monitor:
-        made.append(Monitor(config, (), client_factory=client_for, keep_all=True))
+        made.append(Monitor(config, MonitorOptions(client_factory=client_for, keep_all=True)))
         return made[-1]
 
     yield make

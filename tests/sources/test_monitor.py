@@ -13,9 +13,9 @@ from tests.support.clock import T0, Clock
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from vllm_watchdog.config.model import parse_config
-from vllm_watchdog.ruler.files import parse_rule_file
+from vllm_watchdog.ruler.files import parse_rule_file, store_needs
 from vllm_watchdog.sources.metrics import MonitorCollector
-from vllm_watchdog.sources.monitor import GC_SLACK, SUMMARY_EVERY, Monitor
+from vllm_watchdog.sources.monitor import GC_SLACK, SUMMARY_EVERY, Monitor, MonitorOptions
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +29,7 @@ def monitor(url: str, clock: Clock) -> Monitor:
         "c.yml",
         env={},
     )
-    return Monitor(cfg, (), client_factory=httpx.AsyncClient, monotonic=clock)
+    return Monitor(cfg, MonitorOptions(client_factory=httpx.AsyncClient, monotonic=clock))
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, object]]:
@@ -160,7 +160,9 @@ groups:
         "r.yml",
     )
     cfg = parse_config("global: {scrape_interval: 2s, evaluation_interval: 1s}\n", "c.yml", env={})
-    m = Monitor(cfg, rules, client_factory=httpx.AsyncClient)
+    m = Monitor(
+        cfg, MonitorOptions(client_factory=httpx.AsyncClient), store_needs(rules, cfg.global_.lookback_delta)
+    )
     margin = 2 + GC_SLACK  # the longer interval and the collection's slack
     assert m.store.retention == 1800 + margin  # the longest: the [30m] range
     assert m.store.retention_by_name == {
@@ -178,5 +180,7 @@ def test_with_keep_unreferenced_every_family_keeps_the_longest_range() -> None:
         "r.yml",
     )
     cfg = parse_config("global: {keep_unreferenced: true}\n", "c.yml", env={})
-    m = Monitor(cfg, rules, client_factory=httpx.AsyncClient)
+    m = Monitor(
+        cfg, MonitorOptions(client_factory=httpx.AsyncClient), store_needs(rules, cfg.global_.lookback_delta)
+    )
     assert m.store.other_retention is None  # the store's retention: the [30m] range and the margin

@@ -18,7 +18,7 @@ from vllm_watchdog.api.targets import targets_json
 from vllm_watchdog.config.limits import ScrapeLimits
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.sources.metrics import MonitorCollector
-from vllm_watchdog.sources.monitor import Monitor
+from vllm_watchdog.sources.monitor import Monitor, MonitorOptions
 from vllm_watchdog.sources.scrape import ScrapeTarget
 from vllm_watchdog.sources.serieslimits import label_bytes
 from vllm_watchdog.store import SampleStore
@@ -176,7 +176,7 @@ async def test_a_target_sets_its_own_limits_and_the_api_and_metrics_show_the_fai
         "c.yml",
         env={},
     )
-    mon = Monitor(cfg, (), client_factory=httpx.AsyncClient)
+    mon = Monitor(cfg, MonitorOptions(client_factory=httpx.AsyncClient))
     await mon.scrape("strict", T0)
     await mon.scrape("lax", T0)
     error = (

@@ -1,4 +1,4 @@
-"""`GET /api/v1/targets` in Prometheus 2.42's shape: each scrape target (vLLM servers, the dcgm-exporter)
+"""`GET /api/v1/targets` in Prometheus 2.42's shape: each scrape target (vLLM servers, GPU exporters)
 as an active target, plus the watchdog's own view of a vLLM target (probes, canary, the discovery that found
 it) under `watchdog`. A discovered target's `discoveredLabels` are what its discovery found (`__meta_*`
 among them), as Prometheus shows them."""
@@ -79,9 +79,11 @@ def targets_json(monitor: Monitor, scrape_pool: str = "", state: str = "") -> di
             else {"success": canary.ok, "latency": canary.latency, "lastError": canary.last_error},
         }
         out.append((pool, entry))
-    if monitor.dcgm is not None:
-        labels = {"instance": monitor.dcgm.instance, "job": "dcgm"}
-        out.append(("dcgm", _target(monitor.dcgm, "dcgm", labels, interval, timeout)))
+    for exporter in monitor.exporters.values():  # the GPU exporters, each in its job's pool
+        labels = {**exporter.extra_labels, "instance": exporter.instance, "job": exporter.job}
+        out.append(
+            (exporter.job, _target(exporter, exporter.job, dict(sorted(labels.items())), interval, timeout))
+        )
     active = [e for pool, e in sorted(out, key=lambda pe: pe[0]) if scrape_pool in ("", pool)]
     # Both lists are always there; a `state` filter empties the other one.
     return {

@@ -8,14 +8,14 @@ from typing import TextIO
 
 from ..config.model import Config
 from ..discovery.providers import with_discovered
-from ..sources.monitor import Monitor, client_for
+from ..sources.monitor import Monitor, MonitorOptions
 
 
 async def scrape_once(config: Config) -> Monitor:
     """A monitor of the config's targets (discovered ones too) after one scrape, health probe and canary of
     each."""
     config = await asyncio.to_thread(with_discovered, config)
-    monitor = Monitor(config, (), client_factory=client_for, keep_all=True)
+    monitor = Monitor(config, MonitorOptions(keep_all=True))
     try:
         now = time.time()
         jobs = []

@@ -20,6 +20,7 @@ from ..fleet.config import FleetConfig, parse_fleet
 from ..gateway.config import GatewayConfig, parse_gateway
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor, secret, secret_headers, url_password
+from ..sources.config import GpuConfig, parse_gpus
 from .addresses import http_url, parse_listen
 from .durations import parse_duration
 from .files import UnreadableFileError, read_text, resolve_bundled
@@ -59,14 +60,6 @@ class GlobalConfig:
     def body_size_limit(self) -> int:
         """The body_size_limit of the targets that set none."""
         return self.limits.body_size_limit
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    """Where GPU signals come from: NVML in-process, a dcgm-exporter, or both."""
-
-    nvml: bool = False
-    dcgm_url: str | None = field(default=None, metadata=secret(url_password))
 
 
 @dataclass(frozen=True)
@@ -270,15 +263,6 @@ def _rule_backend(node: Node) -> RemoteBackendConfig | None:
     )
 
 
-def _gpus(node: Node) -> GpuConfig:
-    m = node.mapping({"nvml", "dcgm_url"})
-    if m is None:
-        return GpuConfig()
-    nvml = m["nvml"].boolean() if "nvml" in m else None
-    dcgm = m["dcgm_url"].parsed(http_url) if "dcgm_url" in m else None
-    return GpuConfig(nvml=bool(nvml), dcgm_url=dcgm)
-
-
 TOP_LEVEL_KEYS = {
     "global",
     "listen",
@@ -343,7 +327,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         listen_port=listen[1] if listen else 9460,
         api_token=(top["api_token"].scalar() or None) if "api_token" in top else None,
         targets=tuple(targets),
-        gpus=_gpus(top["gpus"]) if "gpus" in top else GpuConfig(),
+        gpus=parse_gpus(top["gpus"], http_url) if "gpus" in top else GpuConfig(),
         rule_files=_rule_files(top["rule_files"], base) if "rule_files" in top else (),
         rule_backend=_rule_backend(top["rule_backend"]) if "rule_backend" in top else None,
         state_dir=_state_dir(top["state_dir"], base) if "state_dir" in top else None,

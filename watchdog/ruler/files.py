@@ -15,6 +15,7 @@ from ..config.yamlnodes import Node, Problems, compose
 from ..errors import ConfigError, Problem
 from ..promql.compile import compile_expr
 from ..promql.values import PromQLError
+from ..sources.storeneeds import StoreNeeds
 from ..templates import check_template
 
 
@@ -43,24 +44,6 @@ class RuleGroup:
     rules: tuple[Rule, ...]
     interval: float | None = None
     limit: int = 0
-
-
-@dataclass(frozen=True)
-class StoreNeeds:
-    """Which metric names rules read, and how far back; `names` None means every name.
-
-    `lookback_by_name`: the history each named metric needs (the longest of its selectors: a rate over
-    [30m] of one name must not keep every other name for 30 minutes). A name read only by a selector
-    without a name (names None) or written by a recording rule and never read needs `lookback`.
-    """
-
-    names: frozenset[str] | None
-    max_lookback: float
-    lookback_by_name: Mapping[str, float] = field(default_factory=dict)
-
-    def history(self, name: str, default: float) -> float:
-        """Seconds of history to keep for `name`; `default` for a name no selector names."""
-        return self.lookback_by_name.get(name, default)
 
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -38,12 +37,10 @@ from ..gateway.protocol.link import GatewayLink
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
-from ..ruler.files import RuleGroup
+from ..ruler.files import RuleGroup, store_needs
 from ..scrapelog import ScrapeLog
 from ..sdnotify import Notifier
-from ..sources.gpu import GpuCollector
-from ..sources.monitor import Monitor, client_for
-from ..sources.nvml import NvmlSource
+from ..sources.monitor import Monitor, MonitorOptions, client_for
 from ..sources.selffeed import SelfFeed
 from .clockwatch import ClockWatch
 from .loading import load_all
@@ -106,15 +103,18 @@ class Daemon:
                 options.record, max_bytes=options.record_max_bytes, keep=options.record_keep, clock=self.clock
             )
         )
+        self.rules = rules
         self.monitor = mon = Monitor(
             config,
-            rules,
-            client_factory=self._new_client,
-            keep_all=options.keep_all,
-            monotonic=self.monotonic,
-            recorder=self.scrapelog,
+            MonitorOptions(
+                client_factory=self._new_client,
+                nvml=options.nvml,
+                keep_all=options.keep_all,
+                monotonic=self.monotonic,
+                recorder=self.scrapelog,
+            ),
+            store_needs(rules, config.global_.lookback_delta),
         )
-        self._attach_gpu(config)
         self.actions = actions = ActionPlane(config, self._action_options(mon))
         self.evaluation = RuleEvaluation(
             config,
@@ -201,8 +201,8 @@ class Daemon:
         if actions.gateway is not None:
             jobs.append(("gateway", self._gateway_tick, 1.0))
         jobs.append(("self", self._feed_self, g.evaluation_interval))
-        if mon.dcgm is not None:
-            jobs.append(("scrape:dcgm", mon.scrape_dcgm, g.scrape_interval))
+        for name in mon.exporters:
+            jobs.append((f"scrape:{name}", functools.partial(mon.scrape_exporter, name), g.scrape_interval))
         if mon.gpu is not None:
             jobs.append(("nvml", mon.collect_gpus, g.scrape_interval))
         jobs.append(("gc", self._gc, GC_INTERVAL))
@@ -222,7 +222,7 @@ class Daemon:
     async def _discover(self, name: str, now: float) -> None:
         """Look through one discovery; changed targets apply as a reload of the targets would."""
         if await self.discovery.refresh(name):
-            self._adopt(self.discovery.effective(), self.monitor.rules)
+            self._adopt(self.discovery.effective(), self.rules)
             await self.monitor.close_retired()
 
     async def _gateway_tick(self, now: float) -> None:
@@ -295,20 +295,11 @@ class Daemon:
 
     def _adopt(self, config: Config, rules: tuple[RuleGroup, ...]) -> None:
         """Apply a config to every stage: a reload, or the targets the discoveries found."""
-        self.monitor.apply(config, rules, now=self.clock())
+        self.rules = rules
+        self.monitor.apply(config, store_needs(rules, config.global_.lookback_delta), now=self.clock())
         self.evaluation.apply(config, rules)
-        self._attach_gpu(config)
         self.actions.apply(config)
         self._schedule(config)
-
-    def _attach_gpu(self, config: Config) -> None:
-        mon = self.monitor
-        if config.gpus.nvml and mon.gpu is None:
-            source = NvmlSource(nvml=self.options.nvml)
-            mon.gpu = GpuCollector(source, mon.store, instance=socket.gethostname())
-        elif not config.gpus.nvml and mon.gpu is not None:
-            mon.gpu.close()
-            mon.gpu = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -351,8 +342,6 @@ class Daemon:
         await self.schedule.cancel_running(SHUTDOWN_GRACE)
         await self.actions.aclose()
         self.discovery.close()
-        if self.monitor.gpu is not None:
-            self.monitor.gpu.close()
         await self.monitor.aclose()
         if self.scrapelog is not None:
             self.scrapelog.close()

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import math
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -21,19 +22,18 @@ from ..config.limits import ScrapeLimits
 from ..config.model import Config
 from ..config.targets import TargetConfig
 from ..logs import Recurring
-from ..ruler.files import RuleGroup, StoreNeeds, store_needs
 from ..scrapelog import ScrapeLog
 from ..store import SampleStore, make_labels
-from .enginestate import SLEEP_STATE, STATE_SERIES, EngineStateProbe, asleep_in_store
+from .enginestate import STATE_SERIES, EngineStateProbe, asleep_in_store
 from .gpu import GpuCollector
-from .outages import outage_summary
+from .nvml import NvmlSource
+from .outages import EXPORTER, EXPORTER_BOUNDS, outage_summary
 from .probes import PROBE_SERIES, CanaryProbe, HealthProbe, ProbeStatus
 from .scrape import OUT_OF_BOUNDS, ScrapeStatus, ScrapeTarget
+from .storeneeds import NO_RULES, StoreNeeds
 
 log = logging.getLogger(__name__)
 
-# Kept whether or not a rule reads them (the engine_paused rail reads vllm:engine_sleep_state).
-ALWAYS_KEPT = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", SLEEP_STATE})
 GC_SLACK = 30.0  # seconds of history kept beyond what rules need, so gc can run lazily
 SUMMARY_EVERY = 300.0  # seconds between summaries while a target is down (one line per scrape otherwise)
 
@@ -65,57 +65,52 @@ def client_for(
     return httpx.AsyncClient(trust_env=False, verify=tls or default, auth=auth, **kwargs)
 
 
-def _keep_names(needs: StoreNeeds, keep_all: bool) -> frozenset[str] | None:
-    """The metric names worth storing; None keeps every name (also when no rule reads anything)."""
-    if keep_all or needs.names is None or not needs.names:
-        return None
-    return needs.names | ALWAYS_KEPT
+@dataclass(frozen=True)
+class MonitorOptions:
+    """How a Monitor runs: what builds its HTTP clients, the NVML module, the clock, and what commands and
+    tests replace (keep every family, record every scrape)."""
+
+    # One client (and connection pool) per target: httpcore rescans its whole pool on every request, so a
+    # single shared pool costs O(targets) per scrape. It is called with the target's ClientSettings and TLS
+    # context where the target has TLS settings or credentials, else with no argument.
+    client_factory: Callable[..., httpx.AsyncClient] = client_for
+    nvml: Any | None = (
+        None  # the NVML module of `gpus.nvml` (tests inject a fake); None: pynvml, if installed
+    )
+    hostname: str = field(default_factory=socket.gethostname)  # the instance of NVML's series
+    keep_all: bool = False  # store every family, whether or not a rule reads it
+    monotonic: Callable[[], float] = time.perf_counter
+    recorder: ScrapeLog | None = None  # `run --record`: every scrape and probe, for `replay`
 
 
 class Monitor:
-    """Owns the store and the sources of the current config."""
+    """Owns the store and the sources of the current config: targets, GPU exporters and NVML."""
 
-    def __init__(
-        self,
-        config: Config,
-        rules: tuple[RuleGroup, ...],
-        *,
-        client_factory: Callable[..., httpx.AsyncClient],
-        gpu: GpuCollector | None = None,
-        keep_all: bool = False,
-        monotonic: Callable[[], float] = time.perf_counter,
-        recorder: ScrapeLog | None = None,
-        warnings: Recurring | None = None,
-    ) -> None:
-        # One client (and connection pool) per target: httpcore rescans its whole pool on every request,
-        # so a single shared pool costs O(targets) per scrape. It is called with the target's
-        # ClientSettings where the target has TLS settings or credentials, else with no argument.
-        self.client_factory = client_factory
+    def __init__(self, config: Config, options: MonitorOptions, needs: StoreNeeds = NO_RULES) -> None:
+        self.options = options
+        self.client_factory, self.monotonic = options.client_factory, options.monotonic
+        self.recorder = options.recorder
         self.retired: list[ScrapeTarget | HealthProbe | httpx.AsyncClient] = []
-        self.monotonic = monotonic
-        self.keep_all = keep_all
-        self.recorder = recorder  # `run --record`: every scrape and probe, for `replay`
         # Failed scrapes and probes: a line when they start or change, then a summary every few minutes.
-        self.warnings = warnings or Recurring(
-            log, SUMMARY_EVERY, monotonic, lambda eps, now: outage_summary(eps, now, self.targets)
+        self.warnings = Recurring(
+            log, SUMMARY_EVERY, self.monotonic, lambda eps, now: outage_summary(eps, now, self.targets)
         )
         self.store = SampleStore(retention=0.0)
-        self.gpu = gpu
+        self.gpu: GpuCollector | None = None  # NVML, while `gpus.nvml` is set
         self.targets: dict[str, TargetRuntime] = {}
-        self.dcgm: ScrapeTarget | None = None
+        self.exporters: dict[str, ScrapeTarget] = {}  # the GPU exporters' scrapes, by exporter name
         self.keep_names: frozenset[str] | None = None
         self.config = config
-        self.rules = rules
-        self.apply(config, rules, now=None)
+        self.apply(config, needs, now=None)
 
-    def apply(self, config: Config, rules: tuple[RuleGroup, ...], now: float | None) -> None:
-        """Adopt a new config: keep unchanged targets (and their caches), build new ones, drop old."""
+    def apply(self, config: Config, needs: StoreNeeds, now: float | None) -> None:
+        """Adopt a new config and what its rules read: keep unchanged targets (and their caches), build new
+        ones, drop old."""
         g = config.global_
-        needs = store_needs(rules, g.lookback_delta)
-        keep_names = _keep_names(needs, self.keep_all or g.keep_unreferenced)
+        keep_names = needs.kept_names(self.options.keep_all or g.keep_unreferenced)
         keep = keep_names.__contains__ if keep_names is not None else None
         margin = max(g.scrape_interval, g.evaluation_interval) + GC_SLACK
-        self.store.retention = needs.max_lookback + margin
+        self.store.retention = max(needs.max_lookback, g.lookback_delta) + margin
         # Each name for as long as its longest selector reads back: the bundled rules keep 40 minutes of the
         # few families a [30m] rate reads, and 5 of the rest (memory grows with the retention, for every
         # target). The API and the query command see the same history the rules do. A name no rule reads
@@ -140,18 +135,42 @@ class Monitor:
             self._retire(gone, now)
             for kind in ("scrape", "health", "canary", "bounds"):
                 self.warnings.forget((kind, gone.config.name))
-        if self.dcgm is not None and (self.config.gpus != config.gpus or not same_scrape):
-            if now is not None:
-                self.dcgm.forget(now)
-            self.retired.append(self.dcgm)
-            self.dcgm = None
-        if config.gpus.dcgm_url and self.dcgm is None:
-            url = config.gpus.dcgm_url
-            self.dcgm = self._scraper(
-                config, url, "dcgm", scrape_address(url), keep, {}, config.global_.limits
-            )
+        self._apply_exporters(config, keep, same_scrape, now)
+        self._apply_nvml(config)
         self.keep_names = keep_names
-        self.config, self.rules = config, rules
+        self.config = config
+
+    def _apply_exporters(
+        self, config: Config, keep: Callable[[str], bool] | None, same_scrape: bool, now: float | None
+    ) -> None:
+        """Keep each GPU exporter whose settings are the same, build new ones; the series of the others go
+        stale now, and their connections close after the reload."""
+        before = {e.name: e for e in self.config.gpus.exporters}
+        old, self.exporters = self.exporters, {}
+        for ec in config.gpus.exporters:
+            if ec.name in old and before.get(ec.name) == ec and same_scrape:
+                self.exporters[ec.name] = old.pop(ec.name)
+                continue
+            instance, limits = scrape_address(ec.url), config.global_.limits
+            self.exporters[ec.name] = self._scraper(
+                config, ec.url, ec.job, instance, keep, dict(ec.labels), limits
+            )
+        for name, gone in old.items():
+            if now is not None:
+                gone.forget(now)
+            self.retired.append(gone)
+            if name not in self.exporters:
+                for kind in (EXPORTER, EXPORTER_BOUNDS):
+                    self.warnings.forget((kind, name))
+
+    def _apply_nvml(self, config: Config) -> None:
+        """Attach NVML while `gpus.nvml` is set (it opens at the first reading), release it when unset."""
+        if config.gpus.nvml and self.gpu is None:
+            source = NvmlSource(nvml=self.options.nvml, hostname=self.options.hostname)
+            self.gpu = GpuCollector(source, self.store, instance=self.options.hostname)
+        elif not config.gpus.nvml and self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
 
     def _retire(self, rt: TargetRuntime, now: float | None) -> None:
         """A target left the config: every series of it goes stale now (scraped, probed, engine state), as
@@ -171,11 +190,12 @@ class Monitor:
             await closable.aclose()
 
     async def aclose(self) -> None:
-        """Close every connection."""
+        """Close every connection, and release NVML."""
         for rt in self.targets.values():
             self.retired += [rt.scrape, rt.health, rt.client]
-        if self.dcgm is not None:
-            self.retired.append(self.dcgm)
+        self.retired += self.exporters.values()
+        if self.gpu is not None:
+            self.gpu.close()
         await self.close_retired()
 
     def _scraper(
@@ -274,7 +294,7 @@ class Monitor:
         rt = self.targets.get(name)
         if rt is None:
             return
-        self._report(name, await rt.scrape.scrape(now), {"target": name})
+        self._report(("scrape", name), ("bounds", name), await rt.scrape.scrape(now), {"target": name})
 
     async def probe_health(self, name: str, now: float) -> None:
         """Probe one target's /health and record it as samples. The engine state is asked apart
@@ -334,16 +354,18 @@ class Monitor:
                 return
         self._record_probe(rt, st, "canary", now)
 
-    async def scrape_dcgm(self, now: float) -> None:
-        """Scrape the dcgm-exporter, if configured."""
-        if self.dcgm is not None:
-            self._report(None, await self.dcgm.scrape(now), {"job": "dcgm"})
+    async def scrape_exporter(self, name: str, now: float) -> None:
+        """Scrape one GPU exporter."""
+        scraper = self.exporters.get(name)
+        if scraper is None:
+            return
+        extra = {"exporter": name, "job": scraper.job}
+        self._report((EXPORTER, name), (EXPORTER_BOUNDS, name), await scraper.scrape(now), extra)
 
-    def _report(self, target: str | None, status: ScrapeStatus, extra: dict[str, str]) -> None:
-        """Log a failed scrape, or samples out of bounds, when that starts or changes, not at every scrape.
-
-        `target` None is the dcgm-exporter."""
-        key, bounds = ("scrape", target), ("bounds", target)
+    def _report(
+        self, key: tuple[str, str], bounds: tuple[str, str], status: ScrapeStatus, extra: dict[str, str]
+    ) -> None:
+        """Log a failed scrape, or samples out of bounds, when that starts or changes, not at every scrape."""
         if status.up:
             self.warnings.recovered(key, "scrape recovered", extra)
         else:
