@@ -26,11 +26,10 @@ from vllm_watchdog.commands.plot import (
     ActionMark,
     AlertSpan,
     PlotError,
-    action_entries,
     alert_spans,
     build_timeline,
-    render_png,
 )
+from vllm_watchdog.commands.plotpng import action_entries, render_png
 from vllm_watchdog.commands.replay import Transition
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.ruler.files import parse_rule_file
@@ -202,7 +201,8 @@ def test_cli_replay_plot_and_its_errors(recording: tuple[Path, Path, Path], tmp_
 def test_without_matplotlib_the_error_names_the_extra(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from vllm_watchdog.commands.plot import Timeline, render_png, PlotError\n"
+        "from vllm_watchdog.commands.plot import Timeline, PlotError\n"
+        "from vllm_watchdog.commands.plotpng import render_png\n"
         "try:\n    render_png(Timeline(0.0, 1.0), sys.argv[1])\n"
         "except PlotError as e:\n    print(e); sys.exit(3)\n"
     )

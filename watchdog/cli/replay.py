@@ -59,7 +59,8 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace, config: Config, rules: tuple[RuleGroup, ...]) -> int:
-    from ..commands.plot import PlotError, build_timeline, render_png  # only `--plot` needs matplotlib
+    from ..commands.plot import PlotError, build_timeline
+    from ..commands.plotpng import render_png  # only `--plot` needs matplotlib
     from ..commands.replay import print_transitions, summary
     from ..scrapelog import ScrapeLogError
 
