@@ -1,7 +1,8 @@
-"""Label matchers, as Alertmanager routes write them: `=`, `!=`, `=~`, `!~` (regexes Go RE2, anchored).
+"""Label matchers, as Alertmanager routes and PromQL selectors write them: `=`, `!=`, `=~`, `!~` (regexes Go
+RE2, anchored). Both match alike; what differs is how they are written and checked, so each has its parser.
 
 Routes, notifiers and silences select alerts with them; the config reads them from `match` (equality),
-`match_re` (regex) and `matchers` (strings).
+`match_re` (regex) and `matchers` (strings). PromQL selectors (promql/selectors.py) select series with them.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ class Matcher:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether the labels satisfy this matcher (a missing label is the empty string)."""
-        got = labels.get(self.name, "")
+        return self.matches_value(labels.get(self.name, ""))
+
+    def matches_value(self, value: str) -> bool:
+        """Whether a label value (the empty string when the label is absent) passes."""
         if self.op == "=":
-            return got == self.value
+            return value == self.value
         if self.op == "!=":
-            return got != self.value
-        hit = compile_anchored(self.value).match_string(got)
+            return value != self.value
+        # As in Prometheus 2.x and Alertmanager, `.` does not match a newline (Prometheus 3.x: it does).
+        hit = compile_anchored(self.value).match_string(value)
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:

@@ -136,7 +136,7 @@ def _selectors(texts: list[str]) -> list[Selector]:
             out.append(parse_selector(text))
         except (ValueError, RegexError) as exc:
             raise bad_param("match[]", str(exc)) from None
-    if all(all(m.matches("") for m in s.matchers) and s.name is None for s in out):
+    if all(all(m.matches_value("") for m in s.matchers) and s.name is None for s in out):
         raise bad_param("match[]", "match[] must contain at least one non-empty matcher")
     return out
 

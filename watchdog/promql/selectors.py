@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import promql_parser
 
 from ..goregex import RegexError, compile_anchored, compile_go
+from ..matchers import Matcher
 from ..store import Labels, SampleStore, Series
 
 _OPS = {"MatchOp.Equal": "=", "MatchOp.NotEqual": "!=", "MatchOp.Re": "=~", "MatchOp.NotRe": "!~"}
@@ -17,25 +18,6 @@ def check_regex(pattern: str) -> None:
     """Refuse a matcher regex as Prometheus does: it must compile alone and anchored; RegexError."""
     compile_go(pattern)  # Prometheus' FastRegexMatcher also parses the bare pattern
     compile_anchored(pattern)
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One label matcher: name, op (=, !=, =~, !~) and value."""
-
-    name: str
-    op: str
-    value: str
-
-    def matches(self, value: str) -> bool:
-        """Whether a label value (empty string when the label is absent) passes."""
-        if self.op == "=":
-            return value == self.value
-        if self.op == "!=":
-            return value != self.value
-        # In Prometheus 2.x `.` does not match a newline (3.x: it does).
-        hit = compile_anchored(self.value).match_string(value)
-        return hit if self.op == "=~" else not hit
 
 
 @dataclass(frozen=True)
@@ -51,7 +33,7 @@ class Selector:
 
         def keep(labels: Labels) -> bool:
             d = dict(labels)
-            return all(m.matches(d.get(m.name, "")) for m in matchers)
+            return all(m.matches_value(d.get(m.name, "")) for m in matchers)
 
         return keep
 
@@ -78,7 +60,7 @@ def from_ast(node: promql_parser.VectorSelector) -> Selector:
         raise ValueError("'or' inside a selector's braces is not supported")
     if node.name is not None:
         matchers.append(Matcher("__name__", "=", node.name))
-    if not any(m.matches("") is False for m in matchers):
+    if not any(m.matches_value("") is False for m in matchers):
         raise ValueError("vector selector must contain at least one non-empty matcher")
     return Selector(name, tuple(matchers))
 
