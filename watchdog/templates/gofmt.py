@@ -197,7 +197,7 @@ def sprintf(fmt: str, args: list[object]) -> str:
         out.append(fmt[i:j])
         m = _DIRECTIVE.match(fmt, j)
         assert m is not None
-        flags, width, prec, verb = m.groups()
+        flags, verb = m.group(1), m.group(4)
         i = m.end()
         p = Printer(
             verb=verb,
@@ -207,29 +207,7 @@ def sprintf(fmt: str, args: list[object]) -> str:
             space=" " in flags,
             zero="0" in flags and "-" not in flags,
         )
-        bad = ""
-        for which, spec in (("width", width), ("prec", prec)):
-            if spec is None:
-                if which == "prec" and m.group(0)[len(flags) + 1 + len(width or "") :].startswith("."):
-                    p.prec = 0
-                continue
-            if spec == "*":
-                n = args[argi] if argi < len(args) else None
-                argi += 1
-                if not isinstance(n, int) or isinstance(n, bool) or abs(n) > _TOO_LARGE:
-                    bad += "%!(BADWIDTH)" if which == "width" else "%!(BADPREC)"
-                    continue
-                if which == "width":
-                    p.width, p.minus = (abs(n), p.minus or n < 0)
-                    p.zero = p.zero and not p.minus
-                else:
-                    p.prec = n if n >= 0 else -1
-            elif int(spec) > _TOO_LARGE:
-                bad += "%!(BADWIDTH)" if which == "width" else "%!(BADPREC)"
-            elif which == "width":
-                p.width = int(spec)
-            else:
-                p.prec = int(spec)
+        bad, argi = _sizes(p, m, args, argi)
         out.append(bad)
         if verb == "":
             out.append("%!(NOVERB)")
@@ -247,3 +225,33 @@ def sprintf(fmt: str, args: list[object]) -> str:
         extra = ", ".join("<nil>" if a is None else f"{go_type(a)}={fmt_value(a)}" for a in args[argi:])
         out.append(f"%!(EXTRA {extra})")
     return "".join(out)
+
+
+def _sizes(p: Printer, m: re.Match[str], args: list[object], argi: int) -> tuple[str, int]:
+    """Set a directive's width and precision on `p` (`*` takes each from the next argument); returns the
+    %!(BADWIDTH) or %!(BADPREC) to print, and the index of the next argument."""
+    flags, width, prec, _ = m.groups()
+    bad = ""
+    for which, spec in (("width", width), ("prec", prec)):
+        if spec is None:
+            if which == "prec" and m.group(0)[len(flags) + 1 + len(width or "") :].startswith("."):
+                p.prec = 0
+            continue
+        if spec == "*":
+            n = args[argi] if argi < len(args) else None
+            argi += 1
+            if not isinstance(n, int) or isinstance(n, bool) or abs(n) > _TOO_LARGE:
+                bad += "%!(BADWIDTH)" if which == "width" else "%!(BADPREC)"
+                continue
+            if which == "width":
+                p.width, p.minus = (abs(n), p.minus or n < 0)
+                p.zero = p.zero and not p.minus
+            else:
+                p.prec = n if n >= 0 else -1
+        elif int(spec) > _TOO_LARGE:
+            bad += "%!(BADWIDTH)" if which == "width" else "%!(BADPREC)"
+        elif which == "width":
+            p.width = int(spec)
+        else:
+            p.prec = int(spec)
+    return bad, argi

@@ -84,17 +84,10 @@ class _Lexer:
         return self.tokens
 
     def action(self, delim_pos: int) -> None:
+        """Lex an action (or a comment) whose left delimiter is at `delim_pos`, up to its right delimiter."""
         t = self.text
         if t.startswith("/*", self.pos):
-            close = t.find("*/", self.pos + 2)
-            if close < 0:
-                raise self.fail("unclosed comment", delim_pos)
-            self.pos = close + 2
-            at, trim = self.right_delim()
-            if not at:
-                raise self.fail("comment ends before closing delimiter")
-            self.pos += 4 if trim else 2
-            self.trim_next = trim
+            self.comment(delim_pos)
             return
         self.tokens.append(Token("left", "{{", delim_pos))
         paren_depth = 0
@@ -107,54 +100,76 @@ class _Lexer:
                 return
             if self.pos >= len(t):
                 raise self.fail("unclosed action", delim_pos)
-            start, c = self.pos, t[self.pos]
             if at and paren_depth:
                 raise self.fail("unclosed left paren")
-            if c in _SPACE:
-                while self.pos < len(t) and t[self.pos] in _SPACE and not self.right_delim()[1]:
-                    self.pos += 1
-                if self.pos == start:  # ' -}}' starts here
-                    continue
-                self.emit("space", start)
-            elif t.startswith(":=", start):
-                self.pos += 2
-                self.emit(":=", start)
-            elif c in "=|,":
-                self.pos += 1
-                self.emit(c, start)
-            elif c == "(":
-                self.pos += 1
-                paren_depth += 1
-                self.emit("(", start)
-            elif c == ")":
-                self.pos += 1
-                paren_depth -= 1
-                if paren_depth < 0:
-                    raise self.fail("unexpected right paren", start)
-                self.emit(")", start)
-            elif c == '"':
-                self.quote(start, '"')
-            elif c == "`":
-                close = t.find("`", start + 1)
-                if close < 0:
-                    raise self.fail("unterminated raw quoted string", start)
-                self.pos = close + 1
-                self.emit("raw", start)
-            elif c == "'":
-                self.quote(start, "'")
-            elif c == "$" or (c == "." and not t[start + 1 : start + 2].isdigit()):
-                self.field_or_var(start, "var" if c == "$" else "field")
-            elif c in "+-." or c.isdigit():
-                self.number(start)
-            elif _alnum(c):
-                while self.pos < len(t) and _alnum(t[self.pos]):
-                    self.pos += 1
-                self.terminator()
-                word = t[start : self.pos]
-                kind = "keyword" if word in KEYWORDS else "bool" if word in ("true", "false") else "ident"
-                self.emit("nil" if word == "nil" else kind, start)
-            else:
-                raise self.fail(f"unrecognized character in action: {c!r}", start)
+            paren_depth = self.item(paren_depth)
+
+    def comment(self, delim_pos: int) -> None:
+        """Skip a {{/* comment */}}, which must end at the right delimiter."""
+        close = self.text.find("*/", self.pos + 2)
+        if close < 0:
+            raise self.fail("unclosed comment", delim_pos)
+        self.pos = close + 2
+        at, trim = self.right_delim()
+        if not at:
+            raise self.fail("comment ends before closing delimiter")
+        self.pos += 4 if trim else 2
+        self.trim_next = trim
+
+    def item(self, paren_depth: int) -> int:
+        """Lex the item of an action at pos; returns the paren depth after it."""
+        t = self.text
+        start, c = self.pos, t[self.pos]
+        if c in _SPACE:
+            self.space(start)
+        elif t.startswith(":=", start):
+            self.pos += 2
+            self.emit(":=", start)
+        elif c in "=|,()":
+            self.pos += 1
+            paren_depth += {"(": 1, ")": -1}.get(c, 0)
+            if paren_depth < 0:
+                raise self.fail("unexpected right paren", start)
+            self.emit(c, start)
+        elif c in "\"'":
+            self.quote(start, c)
+        elif c == "`":
+            self.raw(start)
+        elif c == "$" or (c == "." and not t[start + 1 : start + 2].isdigit()):
+            self.field_or_var(start, "var" if c == "$" else "field")
+        elif c in "+-." or c.isdigit():
+            self.number(start)
+        elif _alnum(c):
+            self.word(start)
+        else:
+            raise self.fail(f"unrecognized character in action: {c!r}", start)
+        return paren_depth
+
+    def space(self, start: int) -> None:
+        """A run of spaces, up to a trimming right delimiter (' -}}', which starts at a space)."""
+        t = self.text
+        while self.pos < len(t) and t[self.pos] in _SPACE and not self.right_delim()[1]:
+            self.pos += 1
+        if self.pos > start:
+            self.emit("space", start)
+
+    def raw(self, start: int) -> None:
+        """A `raw string`."""
+        close = self.text.find("`", start + 1)
+        if close < 0:
+            raise self.fail("unterminated raw quoted string", start)
+        self.pos = close + 1
+        self.emit("raw", start)
+
+    def word(self, start: int) -> None:
+        """A keyword, true/false, nil or an identifier."""
+        t = self.text
+        while self.pos < len(t) and _alnum(t[self.pos]):
+            self.pos += 1
+        self.terminator()
+        word = t[start : self.pos]
+        kind = "keyword" if word in KEYWORDS else "bool" if word in ("true", "false") else "ident"
+        self.emit("nil" if word == "nil" else kind, start)
 
     def terminator(self) -> None:
         t, p = self.text, self.pos
