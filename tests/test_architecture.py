@@ -3,7 +3,8 @@
 Every module under watchdog/ is parsed (not imported) and each import of the package in it, at module level,
 inside a function or under TYPE_CHECKING, is resolved to the module it names. Each module belongs to a stage,
 the folder it sits in, or is a shared leaf. A module may import its own stage, a stage listed before it in
-STAGES and any shared leaf; a shared leaf imports only shared leaves. docs/architecture.md draws the same map.
+STAGES and any shared leaf; a shared leaf imports only shared leaves. No module reaches itself around a circle
+of imports, inside a stage too (type-only ones count). docs/architecture.md draws the same map.
 """
 
 from __future__ import annotations
@@ -217,6 +218,57 @@ def test_no_import_runs_against_the_data_flow() -> None:
 
 def test_no_two_stages_import_each_other() -> None:
     assert LAYERS.cycles(all_imports()) == []
+
+
+def module_cycles(imports: Iterable[Import]) -> list[list[str]]:
+    """The groups of modules that reach each other through imports (Tarjan's strongly connected
+    components of more than one module), each sorted. Type-only imports count: a circle through them is
+    still two modules that each need the other."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.importer, set()).add(imp.imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for nxt in sorted(graph.get(name, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[name] = min(low[name], low[nxt])
+            elif nxt in stack:
+                low[name] = min(low[name], index[nxt])
+        if low[name] == index[name]:
+            group = stack[stack.index(name) :]
+            del stack[stack.index(name) :]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_around_a_circle() -> None:
+    assert module_cycles(all_imports()) == []
+
+
+def test_module_cycles_are_found_through_type_only_imports(tmp_path: Path) -> None:
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\n",
+        "c.py": "def f() -> None:\n    from .a import x\n",
+        "d.py": "from . import a\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / "pkg" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / rel).write_text(text)
+    assert module_cycles(all_imports(tmp_path / "pkg", "pkg")) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
 def test_every_exception_is_still_needed() -> None:
