@@ -18,7 +18,7 @@ from ..errors import ConfigError, Problem
 from ..store import Labels
 from .series import NotationError, SeriesValues, parse_metric, parse_series, parse_values
 
-_GO_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_YAML_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
 
 
@@ -95,7 +95,7 @@ class TestFile:
     groups: tuple[TestGroup, ...]
 
 
-def _go_float(node: Node) -> float | None:
+def _yaml_float(node: Node) -> float | None:
     """A YAML number as Go's yaml.v2 reads it into a float64."""
     text = _string(node)
     if node.node.tag == "tag:yaml.org,2002:str" and getattr(node.node, "style", None) in ("'", '"'):
@@ -103,7 +103,7 @@ def _go_float(node: Node) -> float | None:
         return None
     if text.lower() in _SPECIAL:
         return _SPECIAL[text.lower()]
-    if _GO_FLOAT.fullmatch(text.replace("_", "")) or re.fullmatch(r"[-+]?0x[0-9a-fA-F]+", text):
+    if _YAML_FLOAT.fullmatch(text.replace("_", "")) or re.fullmatch(r"[-+]?0x[0-9a-fA-F]+", text):
         return float(int(text, 16)) if "x" in text else float(text.replace("_", ""))
     node.error(f"must be a number, got {text!r}")
     return None
@@ -181,7 +181,7 @@ def _expected_sample(node: Node) -> ExpectedSample | None:
     if m is None:
         return None
     text = _string(m.get("labels"))
-    value = _go_float(m["value"]) if "value" in m else 0.0
+    value = _yaml_float(m["value"]) if "value" in m else 0.0
     try:
         labels: Labels | None = parse_metric(text)
         error = ""
