@@ -67,8 +67,7 @@ def range_function(
 ) -> Vec:
     """A function of COLUMN_FUNCTIONS over each selected series' samples in [start_ms, end_ms], at t; with
     `summed` (grouping, without), what `sum by/without` makes of it, in the same order of additions."""
-    is_counter, is_rate = CHANGE_FUNCTIONS.get(name, (False, False))
-    extreme = EXTREMA.get(name)
+    kernel = _Kernel(name, start_ms, end_ms, t)
     starts = selection.starts(key)
     groups, group_labels_ = (None, []) if summed is None else selection.groups(*summed)
     sums = [0.0] * len(group_labels_)
@@ -88,31 +87,7 @@ def range_function(
             if lo > n or ts[lo - 1] >= start_ms or (lo < n and ts[lo] < start_ms):
                 lo = bisect_left(ts, start_ms)
         starts[i] = lo
-        if lo >= hi:
-            continue
-        first, last = ts[lo], ts[hi - 1]
-        if (
-            (s.stales and any_within(s.stales, first, last))
-            or (is_counter and s.resets and any_within(s.resets, first + 1, last))
-            or (extreme is not None and s.nans and any_within(s.nans, first, last))
-        ):
-            w = window(s, lo, hi, start_ms, end_ms)
-            value = None if w is None else RANGE_FUNCTIONS[name](w.ts, w.vals, start_ms, end_ms, t, ())
-        elif extreme is not None:
-            value = extreme(s.vals[lo:hi])
-        elif hi - lo < 2:
-            continue
-        else:
-            vals = s.vals
-            v0 = vals[lo]
-            change = vals[hi - 1] - v0
-            # No change (an idle counter, most buckets of a histogram): extrapolating scales it by a finite
-            # positive factor, which leaves a zero as it is, sign included.
-            value = (
-                change
-                if change == 0.0
-                else extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, is_counter, is_rate)
-            )
+        value = kernel.value(s, lo, hi) if lo < hi else None
         if value is None:
             continue
         if groups is None:
@@ -128,6 +103,42 @@ def range_function(
     if groups is None:
         return out
     return [(group_labels_[g], sums[g]) for g in order]
+
+
+class _Kernel:
+    """One range function over one range, applied to a series' window in place when its indexes allow."""
+
+    __slots__ = ("end_ms", "extreme", "is_counter", "is_rate", "name", "start_ms", "t")
+
+    def __init__(self, name: str, start_ms: int, end_ms: int, t: int) -> None:
+        self.name, self.start_ms, self.end_ms, self.t = name, start_ms, end_ms, t
+        self.is_counter, self.is_rate = CHANGE_FUNCTIONS.get(name, (False, False))
+        self.extreme = EXTREMA.get(name)
+
+    def value(self, s: Series, lo: int, hi: int) -> float | None:
+        """The function of s's samples ts[lo:hi] (lo < hi); None where it has none."""
+        ts, start_ms, end_ms = s.ts, self.start_ms, self.end_ms
+        first, last = ts[lo], ts[hi - 1]
+        if (
+            (s.stales and any_within(s.stales, first, last))
+            or (self.is_counter and s.resets and any_within(s.resets, first + 1, last))
+            or (self.extreme is not None and s.nans and any_within(s.nans, first, last))
+        ):
+            w = window(s, lo, hi, start_ms, end_ms)
+            if w is None:
+                return None
+            return RANGE_FUNCTIONS[self.name](w.ts, w.vals, start_ms, end_ms, self.t, ())
+        if self.extreme is not None:
+            return self.extreme(s.vals[lo:hi])
+        if hi - lo < 2:
+            return None
+        v0 = s.vals[lo]
+        change = s.vals[hi - 1] - v0
+        # No change (an idle counter, most buckets of a histogram): extrapolating scales it by a finite
+        # positive factor, which leaves a zero as it is, sign included.
+        if change == 0.0:
+            return change
+        return extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, self.is_counter, self.is_rate)
 
 
 class Selection:

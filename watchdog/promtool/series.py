@@ -197,76 +197,93 @@ def parse_values(text: str, base: int = 0) -> SeriesValues:
     """Expand a value sequence: `1 2`, `a+bxN`, `a-bxN`, `axN`, `_`, `_xN`, `stale`, Inf/NaN, 1e3."""
     toks = _tokens(text, base)
     toks.append(("EOF", "", base + len(text)))
-    values: SeriesValues = []
-    i = 0
+    return _ValueParser(toks).values()
 
-    def expect(kind: str, what: str) -> tuple[str, str, int]:
-        nonlocal i
-        tok = toks[i]
+
+class _ValueParser:
+    """The value sequence's tokens, read one item (a value, or a run of them) at a time."""
+
+    def __init__(self, toks: list[tuple[str, str, int]]) -> None:
+        self.toks = toks
+        self.i = 0
+
+    def values(self) -> SeriesValues:
+        """Every item's values, in order."""
+        toks, values = self.toks, []
+        after_space = True  # promtool writes a space between the metric and its values
+        while toks[self.i][0] != "EOF":
+            if toks[self.i][0] == "SPACE":
+                self.i += 1
+                after_space = True
+                continue
+            if not after_space:
+                tok = toks[self.i]
+                raise NotationError(f"unexpected {tok[1]!r} in series values, expected space", tok[2])
+            after_space = False
+            values.extend(self.item())
+        return values
+
+    def item(self) -> SeriesValues:
+        """One item: `_`, `_xN`, a value, `axN` or `a+bxN` (a being a number or `stale`)."""
+        if self.toks[self.i][0] == "_":
+            self.i += 1
+            return [None] * self.count() if self.skip("x") else [None]
+        start = self.stale() if self.toks[self.i][0] == "ID" else self.number()
+        if self.skip("x"):
+            return [start] * (self.count() + 1)
+        if self.toks[self.i][0] not in "+-":
+            return [start]
+        step = self.number()
+        self.expect("x", "'x'")
+        values: SeriesValues = []
+        value = start
+        for _ in range(self.count() + 1):
+            values.append(value)
+            value += step  # repeated addition, as Prometheus does (rounding accumulates)
+        return values
+
+    def skip(self, kind: str) -> bool:
+        """Whether the next token is `kind`; if so, past it."""
+        if self.toks[self.i][0] != kind:
+            return False
+        self.i += 1
+        return True
+
+    def expect(self, kind: str, what: str) -> tuple[str, str, int]:
+        """The next token, which must be `kind` (NotationError naming `what` otherwise)."""
+        tok = self.toks[self.i]
         if tok[0] != kind:
             shown = "end of input" if tok[0] == "EOF" else repr(tok[1])
             raise NotationError(f"unexpected {shown} in series values, expected {what}", tok[2])
-        i += 1
+        self.i += 1
         return tok
 
-    def count() -> int:
-        tok = expect("NUM", "repetition count")
+    def count(self) -> int:
+        """A repetition count."""
+        tok = self.expect("NUM", "repetition count")
         if not tok[1].isdigit():
             raise NotationError(f"invalid repetition in series values: {tok[1]!r}", tok[2])
         return int(tok[1])
 
-    def number() -> float:
-        tok = toks[i]
+    def stale(self) -> float:
+        """`stale`, as the staleness marker."""
+        tok = self.expect("ID", "number or 'stale'")
+        if tok[1] != "stale":
+            raise NotationError(f"unexpected {tok[1]!r} in series values, expected number or 'stale'", tok[2])
+        return STALE_NAN
+
+    def number(self) -> float:
+        """A number, with an optional sign token before it."""
+        tok = self.toks[self.i]
         sign = 1.0
         if tok[0] in "+-":
             sign = -1.0 if tok[0] == "-" else 1.0
-            expect(tok[0], "sign")
-        tok = expect("NUM", "number")
+            self.expect(tok[0], "sign")
+        tok = self.expect("NUM", "number")
         try:
             return sign * go_number(tok[1])
         except ValueError as exc:
             raise NotationError(str(exc), tok[2]) from None
-
-    after_space = True  # promtool writes a space between the metric and its values
-    while toks[i][0] != "EOF":
-        if toks[i][0] == "SPACE":
-            i += 1
-            after_space = True
-            continue
-        if not after_space:
-            raise NotationError(f"unexpected {toks[i][1]!r} in series values, expected space", toks[i][2])
-        after_space = False
-        kind = toks[i][0]
-        if kind == "_":
-            i += 1
-            if toks[i][0] == "x":
-                i += 1
-                values.extend([None] * count())
-            else:
-                values.append(None)
-            continue
-        if kind == "ID":
-            tok = expect("ID", "number or 'stale'")
-            if tok[1] != "stale":
-                raise NotationError(
-                    f"unexpected {tok[1]!r} in series values, expected number or 'stale'", tok[2]
-                )
-            start = STALE_NAN
-        else:
-            start = number()
-        if toks[i][0] == "x":
-            i += 1
-            values.extend([start] * (count() + 1))
-        elif toks[i][0] in "+-":
-            step = number()
-            expect("x", "'x'")
-            value = start
-            for _ in range(count() + 1):
-                values.append(value)
-                value += step  # repeated addition, as Prometheus does (rounding accumulates)
-        else:
-            values.append(start)
-    return values
 
 
 def parse_series(series: str, values: str) -> tuple[Labels, SeriesValues]:
