@@ -169,6 +169,7 @@ def parse_groups(text: str, path: str, sd: FileSdConfig) -> tuple[tuple[TargetCo
 
 
 def _group(node: Node, source: str, path: str, sd: FileSdConfig) -> list[TargetConfig]:
+    """The targets of one group of a file; none when the group is invalid (its problems recorded)."""
     m = node.mapping({"targets", "labels"})
     if m is None:
         return []
@@ -182,22 +183,36 @@ def _group(node: Node, source: str, path: str, sd: FileSdConfig) -> list[TargetC
     if len(addresses) > sd.max_targets:
         m["targets"].error(f"{len(addresses)} addresses, more than max_targets ({sd.max_targets})")
         return []
-    if NAME_LABEL in labels and len(addresses) > 1:
-        where.error(f"{NAME_LABEL} names one server; this group lists {len(addresses)} addresses")
+    base = _shared(labels, len(addresses), where, sd)
+    if base is None:
         return []
+    out = []
+    for item in m["targets"].items() if "targets" in m else []:
+        target = _target(item, base, labels, where, (source, path), sd)
+        if target is not None:
+            out.append(target)
+    return out
+
+
+def _shared(labels: dict[str, str], count: int, where: Node, sd: FileSdConfig) -> TargetConfig | None:
+    """What the `count` targets of a group share, from its labels over the config's defaults; None when a
+    label is invalid (recorded at `where`)."""
+    if NAME_LABEL in labels and count > 1:
+        where.error(f"{NAME_LABEL} names one server; this group lists {count} addresses")
+        return None
     scheme = labels.get("__scheme__", sd.scheme)
     if scheme not in ("http", "https"):
         where.error(f"__scheme__ must be http or https, got {scheme[:16]!r}")
-        return []
+        return None
     metrics_path = labels.get("__metrics_path__", sd.target.metrics_path)
     if not metrics_path.startswith("/"):
         where.error("__metrics_path__ must start with '/'")
-        return []
+        return None
     how = _runtime_ref(labels, where, sd)
     if how is None:
-        return []
+        return None
     own = {k: v for k, v in labels.items() if not k.startswith("__") and k != "job"}
-    base = replace(
+    return replace(
         sd.target,
         job=labels.get("job") or sd.target.job,
         metrics_path=metrics_path,
@@ -206,30 +221,40 @@ def _group(node: Node, source: str, path: str, sd: FileSdConfig) -> list[TargetC
         unit=how.unit,
         gpus=how.gpus,
     )
-    out = []
-    for item in m["targets"].items() if "targets" in m else []:
-        address = item.string()
-        if address is None:
-            continue
-        try:
-            url = target_url(scheme, address)
-        except ValueError as exc:
-            item.error(str(exc))
-            continue
-        name = labels.get(NAME_LABEL) or name_from_address(address)
-        if not valid_name(name):
-            where.error(f"{NAME_LABEL} must be letters, digits, '_', '.' or '-'")
-            continue
-        found = {
-            "__address__": address,
-            "__scheme__": scheme,
-            "__metrics_path__": metrics_path,
-            FILEPATH_LABEL: path,
-            **labels,
-        }
-        by = DiscoveredBy("file_sd", sd.name, source, found)
-        out.append(replace(base, name=name, url=url, discovered=by))
-    return out
+
+
+def _target(
+    item: Node,
+    base: TargetConfig,
+    labels: dict[str, str],
+    where: Node,
+    origin: tuple[str, str],
+    sd: FileSdConfig,
+) -> TargetConfig | None:
+    """The target at one address of a group (`origin`: the file's source and path); None when invalid."""
+    address = item.string()
+    if address is None:
+        return None
+    scheme = labels.get("__scheme__", sd.scheme)
+    try:
+        url = target_url(scheme, address)
+    except ValueError as exc:
+        item.error(str(exc))
+        return None
+    name = labels.get(NAME_LABEL) or name_from_address(address)
+    if not valid_name(name):
+        where.error(f"{NAME_LABEL} must be letters, digits, '_', '.' or '-'")
+        return None
+    source, path = origin
+    found = {
+        "__address__": address,
+        "__scheme__": scheme,
+        "__metrics_path__": base.metrics_path,
+        FILEPATH_LABEL: path,
+        **labels,
+    }
+    by = DiscoveredBy("file_sd", sd.name, source, found)
+    return replace(base, name=name, url=url, discovered=by)
 
 
 def _labels(node: Node) -> dict[str, str] | None:
