@@ -287,9 +287,8 @@ TOP_LEVEL_KEYS = {
 }
 
 
-def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
-    """Parse config text; raise ConfigError listing every problem with file:line: field."""
-    problems = Problems(source)
+def _top(text: str, problems: Problems, env: Mapping[str, str] | None) -> dict[str, Node]:
+    """The config's top-level mapping; ConfigError when the text is empty, not YAML or not a mapping."""
     root = compose(text, problems)
     if root is None and not problems.items:
         problems.add(None, "(root)", "config is empty")
@@ -298,28 +297,40 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
     top = Node(root, "", problems, env).mapping(TOP_LEVEL_KEYS)
     if top is None:
         raise ConfigError(_masked(problems))
-    base = Path(source).parent if source != DEFAULTS_NAME else bundled_rules_dir()
-    listen = top["listen"].parsed(parse_listen) if "listen" in top else None
-    global_ = _global(top["global"]) if "global" in top else GlobalConfig()
+    return top
+
+
+def _targets(node: Node, job: str) -> list[TargetConfig]:
+    """The `targets:` list, each name once."""
     targets: list[TargetConfig] = []
-    for item in top["targets"].items() if "targets" in top else []:
-        target = parse_target(item, global_.job)
+    for item in node.items():
+        target = parse_target(item, job)
         if target is not None and any(t.name == target.name for t in targets):
             item.error(f"duplicate target name {target.name!r}", field=f"{item.path}.name")
         elif target is not None:
             targets.append(target)
+    return targets
+
+
+def _gateway(node: Node, targets: list[TargetConfig], listen: tuple[str, int] | None) -> GatewayConfig | None:
+    """The `gateway:` section, which fronts the targets and must not take the API's `listen`."""
+    return parse_gateway(node, {t.name: t.url for t in targets}, parse_listen, listen or ("127.0.0.1", 9460))
+
+
+def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -> Config:
+    """Parse config text; raise ConfigError listing every problem with file:line: field."""
+    problems = Problems(source)
+    top = _top(text, problems, env)
+    base = Path(source).parent if source != DEFAULTS_NAME else bundled_rules_dir()
+    listen = top["listen"].parsed(parse_listen) if "listen" in top else None
+    global_ = _global(top["global"]) if "global" in top else GlobalConfig()
+    targets = _targets(top["targets"], global_.job) if "targets" in top else []
     parts = read_includes(top["include"], base, bundled_includes_dir(), env) if "include" in top else []
     actions, routes, notifiers = merge_remediation(top, parts, http_url)
     for part in parts:
         problems.items.extend(part.problems.items)
         problems.secrets.extend(part.problems.secrets)
-    gateway = (
-        parse_gateway(
-            top["gateway"], {t.name: t.url for t in targets}, parse_listen, listen or ("127.0.0.1", 9460)
-        )
-        if "gateway" in top
-        else None
-    )
+    gateway = _gateway(top["gateway"], targets, listen) if "gateway" in top else None
     cfg = Config(
         source=source,
         global_=global_,
