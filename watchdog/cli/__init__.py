@@ -46,4 +46,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vllm-watchdog` console script."""
     args = build_parser().parse_args(argv)
     return int(args.func(args))
-
