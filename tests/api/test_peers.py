@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -46,10 +46,36 @@ def test_the_clients_socket_is_found_with_its_owner(connection: tuple[socket.soc
     assert ids.key({"client": peer, "server": server}) == f"uid:{os.getuid()}"
 
 
-def test_a_peer_not_on_this_machine_is_known_by_its_address(tmp_path: Path) -> None:
-    ids = ClientIds(lambda: 0.0, proc_net=tmp_path)  # no tables at all
+def test_a_peer_not_on_this_machine_is_known_by_its_address() -> None:
+    ids = ClientIds(lambda: 0.0)
     assert ids.key({"client": ("10.0.0.7", 40000), "server": ("10.0.0.1", 9090)}) == "address:10.0.0.7"
     assert ids.key({"client": ("10.0.0.7", 40001), "server": ("10.0.0.1", None)}) == "address:10.0.0.7"
     assert ids.key({"client": None}) == "unknown"
-    (tmp_path / "tcp").write_bytes(b"x" * (8 << 20))  # a table past the read bound: read in part, no match
-    assert ids.key({"client": ("127.0.0.1", 5), "server": ("127.0.0.1", 6)}) == "address:127.0.0.1"
+    assert socket_owner(("127.0.0.1", 5), ("::1", 6)) is None  # two families: no such socket
+    assert socket_owner(("not an address", 5), ("127.0.0.1", 6)) is None
+    assert socket_owner(("127.0.0.1", 70000), ("127.0.0.1", 6)) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a socket of another user needs root (CI runs as root)")
+def test_another_users_socket_is_known_by_that_user() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    pid = os.fork()
+    if pid == 0:  # the child becomes nobody, connects, and waits to be found
+        try:
+            os.setuid(65534)
+            with socket.create_connection(server.getsockname()):
+                time.sleep(30)  # killed as soon as it was found
+        finally:
+            os._exit(0)
+    try:
+        accepted, peer = server.accept()
+        assert socket_owner(peer, server.getsockname()) == 65534
+        mapped = (f"::ffff:{peer[0]}", peer[1])  # as a dual-stack listener names an IPv4 client
+        assert ClientIds(lambda: 0.0).key({"client": mapped, "server": server.getsockname()}) == "uid:65534"
+        accepted.close()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        server.close()
