@@ -35,15 +35,21 @@ class TooManyElements(ValueError):
         self.limit = limit
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether a body of this content type is read as JSON (no content type is taken for JSON)."""
+    if not content_type:
+        return True
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def parse_json_body(
     body: bytes, content_type: str | None, max_elements: int | None = None
 ) -> dict[str, object] | None:
     """The body as a JSON object; None for another content type, invalid JSON or another JSON value;
     TooManyElements if it has more than `max_elements` (None: no limit)."""
-    if content_type:
-        media = content_type.partition(";")[0].strip().lower()
-        if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-            return None
+    if not is_json(content_type):
+        return None
     if not body:
         return None
     try:
@@ -76,6 +82,61 @@ def _at_most(text: str, limit: int) -> bool:
             pos = scanstring(text, quote + 1, True)[1]
         except ValueError:
             return True  # an unterminated or invalid string: json.loads refuses the body without building it
+
+
+class ElementCounter:
+    """Counts a UTF-8 JSON body's elements as its chunks arrive, as `_at_most` counts the whole text (opened
+    arrays and objects, commas, strings; nothing inside a string), so that a body over the limit is refused
+    after the bytes that took it there, not after reading, decoding and counting all of it. A body in
+    another encoding (a NUL in its first bytes: UTF-16 or UTF-32) is left to the check after reading."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self.in_string = False
+        self.backslashes = 0  # the run of backslashes that ended the last chunk, inside a string
+        self.off = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Count `chunk`; TooManyElements once the body has more than `limit` elements."""
+        if self.off or not chunk:
+            return
+        if self.count == 0 and not self.in_string and b"\0" in chunk[:4]:
+            self.off = True
+            return
+        pos, end = 0, len(chunk)
+        while pos < end:
+            if self.in_string:
+                pos = self._string_end(chunk, pos)
+                continue
+            quote = chunk.find(b'"', pos)
+            stop = end if quote < 0 else quote
+            count = chunk.count
+            self.count += count(b",", pos, stop) + count(b"[", pos, stop) + count(b"{", pos, stop)
+            if quote < 0:
+                pos = end
+            else:
+                self.count += 1
+                self.in_string, self.backslashes, pos = True, 0, quote + 1
+        if self.count > self.limit:
+            raise TooManyElements(self.limit)
+
+    def _string_end(self, chunk: bytes, pos: int) -> int:
+        """Where counting goes on after the string that `pos` is inside of: past its closing quote, or the
+        chunk's end (remembering a trailing run of backslashes, which may escape the next chunk's quote)."""
+        start = pos
+        while (quote := chunk.find(b'"', pos)) >= 0:
+            run = quote - start - len(chunk[start:quote].rstrip(b"\\"))
+            if run == quote - start:
+                run += self.backslashes
+            if run % 2 == 0:
+                self.in_string = False
+                return quote + 1
+            pos = quote + 1
+            start, self.backslashes = pos, 0
+        tail = len(chunk) - start - len(chunk[start:].rstrip(b"\\"))
+        self.backslashes = tail + (self.backslashes if tail == len(chunk) - start else 0)
+        return len(chunk)
 
 
 def request_fields(body: bytes, content_type: str | None, max_elements: int) -> dict[str, object] | None:

@@ -17,7 +17,7 @@ from ..protocol.snapshot import ProxySnapshot
 from ..routes import BadPath, Route, normalise_path, route_of
 from .admission import Gate, Ticket
 from .backoff import UpstreamBackoff
-from .bodies import OPENAI_PATHS, RequestTrace, TooManyElements, request_fields
+from .bodies import OPENAI_PATHS, ElementCounter, RequestTrace, TooManyElements, is_json, request_fields
 from .clients import ClientStalled, ClientTransports, ClientWriter
 from .headers import Incoming, response_headers
 from .histogram import Histogram
@@ -148,10 +148,18 @@ class Proxy:
         status = 499  # nginx's "client closed request", for the trace if nothing better is known
         try:
             interrupt.deadline(self.config.client_timeout)
-            try:
-                body = await self._read_body(receive)
+            path = path_bytes.decode("latin-1")
+            counted = route is Route.ADMIT and path in OPENAI_PATHS and is_json(request.content_type)
+            try:  # a body with too many JSON elements is refused as soon as it has them, not once read
+                body = await self._read_body(
+                    receive, ElementCounter(self.config.max_json_elements) if counted else None
+                )
             except _TooLarge:
                 return await self._too_large_response(send)
+            except TooManyElements as exc:  # the rest is read and dropped, so that the client hears the 413
+                if await self._discard_body(receive):
+                    await self._too_complex_response(send, exc)
+                return
             if body is None:
                 return
             interrupt.clear_deadline()
@@ -187,8 +195,7 @@ class Proxy:
             try:  # only the few fields read below are kept: the parsed body is freed before the wait
                 fields = request_fields(body, request.content_type, self.config.max_json_elements)
             except TooManyElements as exc:
-                why = f"The request body has more JSON elements than the gateway's limit of {exc.limit}."
-                await self._refuse(send, 413, "body_too_complex", why)
+                await self._too_complex_response(send, exc)
                 return None
         api_key = api_key_of(request.authorization)
         session = session_key(request.session, fields, api_key)
@@ -218,8 +225,9 @@ class Proxy:
             self.config.write_timeout,
         )
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole request body (its chunks are freed on return); None if the client left first."""
+    async def _read_body(self, receive: Receive, counter: ElementCounter | None) -> bytes | None:
+        """The whole request body (its chunks are freed on return); None if the client left first;
+        TooManyElements as soon as `counter` says so."""
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -231,6 +239,8 @@ class Proxy:
             size += len(chunk)
             if size > self.config.max_body:
                 raise _TooLarge
+            if counter is not None:
+                counter.feed(chunk)
             chunks.append(chunk)
             more = message.get("more_body", False)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -323,6 +333,22 @@ class Proxy:
         self._too_large += 1
         message = f"The request body is larger than the gateway's limit of {self.config.max_body} bytes."
         await self._refuse(send, 413, "body_too_large", message)
+
+    async def _discard_body(self, receive: Receive) -> bool:
+        """Read the rest of a refused body (up to max_body), keeping none of it; False if the client left."""
+        size = 0
+        while size <= self.config.max_body:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return False
+            if not message.get("more_body", False):
+                break
+            size += len(message.get("body", b""))
+        return True
+
+    async def _too_complex_response(self, send: Send, exc: TooManyElements) -> None:
+        why = f"The request body has more JSON elements than the gateway's limit of {exc.limit}."
+        await self._refuse(send, 413, "body_too_complex", why)
 
     async def _refuse(self, send: Send, status: int, reason: str, message: str) -> None:
         """The gateway's own refusal, before the request body is read (so the connection closes)."""
