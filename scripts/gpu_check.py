@@ -11,7 +11,7 @@ It opens NVML through `sources/nvml.py` exactly as the daemon does and checks, p
 - the clocks-event (throttle) reasons, decoded by name, against nvidia-smi's mask;
 - the XID event path: events registered, drained without error, and the `NVRM: Xid` lines the kernel log
   holds (what an incident bundle would keep);
-- the power-limit range through `actions/power.py`, and with --set-power-limit (root) a real change: the
+- the power-limit range through `runtimes/power.py`, and with --set-power-limit (root) a real change: the
   limit lowered by --step watts, read back by NVML and by nvidia-smi, then restored (also on failure);
 - the GPU part of an incident bundle as the watchdog collects it before a restart: the NVML snapshot of
   `sources/nvmlsnapshot.py` (clocks and reasons, power, temperature, ECC, retired pages, remapped rows; a
@@ -282,7 +282,7 @@ def check(
     dmesg: Sequence[str] = ("dmesg",),
 ) -> int:
     """The whole check, printed; the exit status."""
-    from vllm_watchdog.actions.power import PowerLimiter  # noqa: PLC0415 - after load_package
+    from vllm_watchdog.actions.runtimes.power import PowerLimiter  # noqa: PLC0415 - after load_package
     from vllm_watchdog.sources.nvml import NvmlSource  # noqa: PLC0415
 
     source = NvmlSource(nvml, hostname="gpu-check")

@@ -37,7 +37,7 @@ NEVER = (
     "vllm_watchdog.gateway.dataplane.server",
     "vllm_watchdog.gateway.control.process",
     "vllm_watchdog.api.app",
-    "vllm_watchdog.actions.plane",
+    "vllm_watchdog.service.actionplane",
     "vllm_watchdog.sources.monitor",
     "vllm_watchdog.promql.remote",
     "uvicorn",
@@ -60,7 +60,7 @@ NOT_FOR_VERSION = ("vllm_watchdog.config.model", "vllm_watchdog.ruler.files", "y
 # imports the Docker SDK only for a container target, and the remote PromQL client only with a `rule_backend`.
 DAEMON_NEVER = (
     "vllm_watchdog.gateway.dataplane",  # the gateway process: its server, proxy and commands
-    "vllm_watchdog.actions.docker",
+    "vllm_watchdog.actions.runtimes.docker",
     "vllm_watchdog.promql.remote",
     "aiohttp",
     "docker",

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_watchdog.actions.args import (
+from vllm_watchdog.actions.config import DRAFT_FLAGS
+from vllm_watchdog.actions.runtimes.args import (
     BOOLEAN_FLAGS,
     MISSING,
     get_arg,
@@ -16,7 +17,6 @@ from vllm_watchdog.actions.args import (
     restore_args,
     set_args,
 )
-from vllm_watchdog.actions.config import DRAFT_FLAGS
 
 SERVE = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"]
 

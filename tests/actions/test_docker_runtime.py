@@ -22,8 +22,13 @@ from tests.support.docker_engine import (
     wait_exited,
     wait_http,
 )
-from vllm_watchdog.actions.docker import BACKUP_SUFFIX, DockerRuntime, create_request, launch_from_inspect
-from vllm_watchdog.actions.runtime import Launch
+from vllm_watchdog.actions.runtimes.docker import (
+    BACKUP_SUFFIX,
+    DockerRuntime,
+    create_request,
+    launch_from_inspect,
+)
+from vllm_watchdog.actions.runtimes.runtime import Launch
 from vllm_watchdog.errors import ActionError, RefusedError
 
 pytestmark = pytest.mark.anyio

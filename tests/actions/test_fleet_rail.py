@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.clock import Clock
 from tests.support.remediation import CONFIG, Hub, Ready, ScriptedRuntime, alert, settle
-from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.pipeline.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.fleet.budget import Grant
 from vllm_watchdog.notifiers.alert import OutgoingAlert

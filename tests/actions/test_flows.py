@@ -10,12 +10,12 @@ import pytest
 
 from tests.support.clock import Clock
 from vllm_watchdog.actions.config import ActionConfig
-from vllm_watchdog.actions.flows import DRAIN_POLL, FlowContext, drain
-from vllm_watchdog.actions.plans import Plan, execute_plan
-from vllm_watchdog.actions.readiness import ReadyCheck
-from vllm_watchdog.actions.runtime import Launch
-from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.actions.targetruntimes import UnavailableRuntime
+from vllm_watchdog.actions.pipeline.flows import DRAIN_POLL, FlowContext, drain
+from vllm_watchdog.actions.pipeline.plans import Plan, execute_plan
+from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
+from vllm_watchdog.actions.runtimes.runtime import Launch
+from vllm_watchdog.actions.runtimes.targetruntimes import UnavailableRuntime
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import parse_config
 
 CONFIG = "targets:\n  - {name: vllm-0, url: 'http://127.0.0.1:9'}\n"

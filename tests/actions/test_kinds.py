@@ -14,9 +14,9 @@ KINDS = ROOT / "actions" / "kinds"
 # The same words name other concepts here: the restart flow (plans.py), the restart flow's drain and undrain
 # steps in the audit log (flows.py), and the gateway process's control verb `throttle` (its own protocol).
 OTHER_CONCEPTS = {
-    ("actions/plans.py", "restart"),
-    ("actions/flows.py", "drain"),
-    ("actions/flows.py", "undrain"),
+    ("actions/pipeline/plans.py", "restart"),
+    ("actions/pipeline/flows.py", "drain"),
+    ("actions/pipeline/flows.py", "undrain"),
 }
 SERVER = {"restart", "disable_draft", "enable_draft", "reconfigure"}
 GATEWAY = {"throttle", "throttle_session", "drain", "undrain"}

@@ -17,12 +17,12 @@ import pytest
 
 from tests.support.clock import Clock
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.args import set_args
-from vllm_watchdog.actions.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
-from vllm_watchdog.actions.procfs import read_stat
-from vllm_watchdog.actions.runtime import Launch
-from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.actions.supervisor import retire_child
+from vllm_watchdog.actions.pipeline.supervisor import retire_child
+from vllm_watchdog.actions.runtimes.args import set_args
+from vllm_watchdog.actions.runtimes.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
+from vllm_watchdog.actions.runtimes.procfs import read_stat
+from vllm_watchdog.actions.runtimes.runtime import Launch
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.errors import ActionError
 
 pytestmark = pytest.mark.anyio

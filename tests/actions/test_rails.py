@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.support.clock import T0
 from vllm_watchdog.actions.config import ActionConfig, Budget
-from vllm_watchdog.actions.rails import RAILS, Rails, Verdict
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.pipeline.rails import RAILS, Rails, Verdict
+from vllm_watchdog.actions.store.actionstore import ActionStore
 
 MIN = 60.0
 HOUR = 3600.0

@@ -17,14 +17,14 @@ import pytest
 from tests.support.clock import Clock
 from tests.support.fake_nvml import FakeNvml
 from tests.support.remediation import ARGS, CONFIG, SPEC, Hub, Ready, ScriptedRuntime, alert, settle
-from vllm_watchdog.actions.audit import Job
-from vllm_watchdog.actions.jobqueues import MAX_QUEUED, QUEUE_RAIL
-from vllm_watchdog.actions.power import PowerLimiter
-from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
-from vllm_watchdog.actions.restores import RESTORE_RECHECK
-from vllm_watchdog.actions.runtime import Launch
-from vllm_watchdog.actions.state import ActionStore
-from vllm_watchdog.actions.supervisor import RESPAWN
+from vllm_watchdog.actions.pipeline.decisions import Job
+from vllm_watchdog.actions.pipeline.jobqueues import MAX_QUEUED, QUEUE_RAIL
+from vllm_watchdog.actions.pipeline.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.pipeline.restores import RESTORE_RECHECK
+from vllm_watchdog.actions.pipeline.supervisor import RESPAWN
+from vllm_watchdog.actions.runtimes.power import PowerLimiter
+from vllm_watchdog.actions.runtimes.runtime import Launch
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 

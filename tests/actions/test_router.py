@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_watchdog.actions.router import route, target_of
+from vllm_watchdog.actions.pipeline.router import route, target_of
 from vllm_watchdog.config.model import parse_config
 
 CONFIG = """

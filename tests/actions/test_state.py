@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.actions.state import ActionStore, parse_silence_matchers
-from vllm_watchdog.actions.statedb import MIGRATIONS, SCHEMA_VERSION, NewerSchemaError, migrate
+from vllm_watchdog.actions.store.actionstore import ActionStore, parse_silence_matchers
+from vllm_watchdog.actions.store.statedb import MIGRATIONS, SCHEMA_VERSION, NewerSchemaError, migrate
 
 LABELS = {"alertname": "VLLMHung", "target": "gpu0"}
 
@@ -303,7 +303,7 @@ def test_two_stores_on_one_file(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.store.actionstore import ActionStore
 
 store = ActionStore(sys.argv[1])
 base = len(store.history(None))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from vllm_watchdog.actions.runtime import Launch
-from vllm_watchdog.actions.systemd import SystemdRuntime
+from vllm_watchdog.actions.runtimes.runtime import Launch
+from vllm_watchdog.actions.runtimes.systemd import SystemdRuntime
 from vllm_watchdog.errors import ActionError, RefusedError
 
 pytestmark = pytest.mark.anyio

@@ -33,7 +33,7 @@ from tests.support.configs import target as target_entry  # `target` is this mod
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
-from vllm_watchdog.actions.state import ACTIONS_DB, ActionStore
+from vllm_watchdog.actions.store.actionstore import ACTIONS_DB, ActionStore
 from vllm_watchdog.api.control import MAX_INBOUND_ALERTS
 
 JSON_AUTH = {**AUTH, "Content-Type": "application/json"}

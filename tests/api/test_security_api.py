@@ -27,7 +27,7 @@ from tests.support.configs import AUTH, TOKEN, target, write_config
 from tests.support.docker_engine import ServerContainers, wait_http
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.docker import DockerRuntime
+from vllm_watchdog.actions.runtimes.docker import DockerRuntime
 from vllm_watchdog.api.app import ApiOptions, build_app
 from vllm_watchdog.api.control import MAX_BODY, READ_METHODS
 from vllm_watchdog.api.prometheus import READ_POSTS

@@ -25,9 +25,9 @@ from tests.support.faultserver import FaultServer
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.config import ActionConfig, Budget
-from vllm_watchdog.actions.rails import Rails
-from vllm_watchdog.actions.selfalerts import RESEND, WatchdogAlerts
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.pipeline.rails import Rails
+from vllm_watchdog.actions.pipeline.selfalerts import RESEND, WatchdogAlerts
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
 from vllm_watchdog.gateway.control.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
 from vllm_watchdog.gateway.dataplane.locallink import LocalLink

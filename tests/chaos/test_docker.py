@@ -42,7 +42,7 @@ from tests.support.configs import AUTH, target, write_config
 from tests.support.docker_engine import host_binds
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import inbound_alert, poll
-from vllm_watchdog.actions.docker import BACKUP_SUFFIX
+from vllm_watchdog.actions.runtimes.docker import BACKUP_SUFFIX
 
 IMAGE = "chaos/hostroot:1"
 ENGINE_LIMIT = 60.0

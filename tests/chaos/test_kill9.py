@@ -30,7 +30,7 @@ from tests.support.configs import AUTH, target, write_config
 from tests.support.stub_server import StubContainers, stub_args, stubs_on, wait_status, write_stub
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll
-from vllm_watchdog.actions.docker import BACKUP_SUFFIX
+from vllm_watchdog.actions.runtimes.docker import BACKUP_SUFFIX
 from vllm_watchdog.failpoints import ENV, armed, reach
 
 pytestmark = pytest.mark.spread  # each case starts its own stubs and watchdog: any worker may run any of them

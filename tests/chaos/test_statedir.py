@@ -37,7 +37,7 @@ from tests.support.procs import command_lines
 from tests.support.vllm_server import ROOT, free_port
 from tests.support.watchdogproc import inbound_alert, poll, start_watchdog
 from vllm_watchdog.actions.incidents.bundle import Bundles
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.notifiers.queue import MEMORY_ID_BASE, DeliveryQueue, NewItem
 from vllm_watchdog.ruler.state import save_state
 from vllm_watchdog.statehealth import PROBE_FILE, StateHealth, probe_write

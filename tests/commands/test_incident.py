@@ -13,7 +13,7 @@ from tests.support.fake_nvml import FakeNvml
 from tests.support.incidents import hostile_bundle
 from vllm_watchdog.actions.incidents.bundle import Bundles
 from vllm_watchdog.actions.incidents.summary import Headline, headline, summary
-from vllm_watchdog.actions.state import ACTIONS_DB, ActionStore
+from vllm_watchdog.actions.store.actionstore import ACTIONS_DB, ActionStore
 from vllm_watchdog.cli import main
 from vllm_watchdog.safetext import shown
 from vllm_watchdog.sources.nvmlsnapshot import snapshot

@@ -13,8 +13,8 @@ import pytest
 from tests.support.docker_engine import SESSION
 from tests.support.stub_server import StubContainers
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.docker import BACKUP_SUFFIX
-from vllm_watchdog.actions.plane import docker_from_env
+from vllm_watchdog.actions.runtimes.docker import BACKUP_SUFFIX
+from vllm_watchdog.actions.runtimes.targetruntimes import docker_from_env
 from vllm_watchdog.config.targets import TargetConfig
 from vllm_watchdog.discovery.config import DockerSdConfig
 from vllm_watchdog.discovery.docker import DockerDiscovery, docker_targets

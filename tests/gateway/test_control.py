@@ -17,9 +17,9 @@ from tests.support.clock import Clock
 from tests.support.gateway_upstream import Upstream
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.kinds.gateway import plan_gateway
-from vllm_watchdog.actions.readiness import ReadyCheck
-from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.pipeline.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.gateway.control.feed import GatewayFeed
 from vllm_watchdog.gateway.control.handle import GatewayControl, GatewayControlOptions, window_quantile

@@ -16,7 +16,7 @@ from tests.service.test_daemon import PAYLOAD
 from tests.support.configs import target, write_config
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.auditlog import OUTCOMES
+from vllm_watchdog.actions.store.auditlog import OUTCOMES
 from vllm_watchdog.errors import SCRAPE_ERROR_KINDS
 from vllm_watchdog.listener import REFUSALS
 

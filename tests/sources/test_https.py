@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.faultserver import FaultServer
 from tests.support.tlsfiles import Pki
-from vllm_watchdog.actions.readiness import ReadyCheck
+from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
 from vllm_watchdog.config.httpauth import ClientSettings
 from vllm_watchdog.config.model import Config, parse_config
 from vllm_watchdog.sources.httpget import HttpGet

@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from tests.support.fake_nvml import FakeNvml
-from vllm_watchdog.actions.power import PowerLimiter
+from vllm_watchdog.actions.runtimes.power import PowerLimiter
 from vllm_watchdog.errors import ActionError
 
 

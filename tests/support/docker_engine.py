@@ -27,7 +27,7 @@ from docker.errors import APIError, DockerException, NotFound
 
 from tests.support import runshare
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.docker import BACKUP_SUFFIX
+from vllm_watchdog.actions.runtimes.docker import BACKUP_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_TIMEOUT = 60.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from vllm_watchdog.actions.remediator import Remediator
-from vllm_watchdog.actions.runtime import Launch
+from vllm_watchdog.actions.pipeline.remediator import Remediator
+from vllm_watchdog.actions.runtimes.runtime import Launch
 from vllm_watchdog.config.targets import TargetConfig
 from vllm_watchdog.errors import ActionError
 from vllm_watchdog.notifiers.alert import OutgoingAlert

@@ -28,7 +28,7 @@ import httpx
 from tests.support.docker_engine import host_binds, remove_container, session_labels, unique_name, wait_http
 from tests.support.procs import command_lines
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.procfs import read_stat
+from vllm_watchdog.actions.runtimes.procfs import read_stat
 
 STUB = r"""
 import http.server, json, os, signal, sys, threading, time

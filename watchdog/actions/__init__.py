@@ -1,4 +1,6 @@
-"""Remediation actions: runtimes that relaunch vLLM, the rails that limit them, and their state."""
+"""Remediation actions, one sub-package per concern: kinds/ (what each action kind is and does), pipeline/
+(routes, rails, gates, plans, flows, the remediator), runtimes/ (what reaches vLLM), store/ (the action state
+database and its audit log) and incidents/ (the evidence before a disruptive action). service/ wires them."""
 
 from __future__ import annotations
 

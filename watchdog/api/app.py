@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..actions.remediator import Remediator
+from ..actions.pipeline.remediator import Remediator
 from ..gateway.control.handle import GatewayControl
 from ..gateway.protocol.channel import ChannelError
 from ..redact import ConfigRedactors, Redactor

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..actions.remediator import Remediator
+from ..actions.pipeline.control import RemediationControl
 from ..config.durations import parse_duration
 from ..fleet.etcd import EtcdError
 from ..gateway.control.handle import GatewayControl
@@ -196,7 +196,7 @@ class ControlOptions:
     """What the action routes work on: the remediation, the gateway's control (None without a gateway), the
     wall clock, and the config's redactor for what they show."""
 
-    remediator: Remediator
+    remediator: RemediationControl
     gateway: GatewayControl | None
     clock: Callable[[], float]
     redactor: Callable[[], Redactor] = Redactor
@@ -232,7 +232,7 @@ class RemediationApi:
     async def fleet(self, request: Request) -> Response:
         """GET /api/v1/fleet: the fleet group, as etcd has it; 503 when etcd cannot be read."""
         try:
-            data = await self.remediator.budget.group()
+            data = await self.remediator.fleet_group()
         except EtcdError as exc:
             return error_response(503, f"etcd cannot be read: {exc}")
         return self.options.answer({"status": "success", "data": data})  # {"enabled": false} outside a fleet
@@ -241,12 +241,12 @@ class RemediationApi:
         """POST /api/v1/pause: maintenance mode on."""
         body = await _body(request)
         reason = string_field(body, "reason", default="maintenance")
-        self.remediator.store.set_paused(True, reason, self.options.clock())
+        self.remediator.set_paused(True, reason, self.options.clock())
         return JSONAnswer({"status": "success", "paused": True, "reason": reason})
 
     async def resume(self, request: Request) -> Response:
         """POST /api/v1/resume: maintenance mode off."""
-        self.remediator.store.set_paused(False, "", self.options.clock())
+        self.remediator.set_paused(False, "", self.options.clock())
         return JSONAnswer({"status": "success", "paused": False})
 
     async def run(self, request: Request) -> Response:
@@ -308,7 +308,7 @@ class SilencesApi:
         if ends <= now:
             raise BadRequest("endsAt: must be in the future")
         starts = time_field(body.get("startsAt"), "startsAt") or now
-        sid = self.options.remediator.store.add_silence(
+        sid = self.options.remediator.add_silence(
             matchers,
             starts,
             ends,
@@ -320,12 +320,12 @@ class SilencesApi:
 
     async def silences(self, request: Request) -> Response:
         """GET /api/v1/silences: every silence, expired ones too."""
-        silences = self.options.remediator.store.silences(self.options.clock(), active_only=False)
+        silences = self.options.remediator.silences(self.options.clock(), active_only=False)
         return self.options.answer({"status": "success", "data": [s.to_json() for s in silences]})
 
     async def expire_silence(self, request: Request) -> Response:
         """DELETE /api/v1/silences/{sid}: 404 unless it is active."""
-        if not self.options.remediator.store.expire_silence(request.path_params["sid"], self.options.clock()):
+        if not self.options.remediator.expire_silence(request.path_params["sid"], self.options.clock()):
             return error_response(404, "no such active silence")
         return JSONAnswer({"status": "success"})
 
@@ -381,7 +381,7 @@ class GatewayApi:
 
 
 def control_routes(
-    remediator: Remediator,
+    remediator: RemediationControl,
     gateway: GatewayControl | None,
     clock: Callable[[], float],
     get_redactor: Callable[[], Redactor] = Redactor,

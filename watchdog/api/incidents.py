@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from ..actions.incidents.bundle import MANIFEST, BundleError, Bundles, load_json, valid_id
 from ..actions.incidents.summary import SUMMARY_FILES, headline, summary
-from ..actions.remediator import Remediator
+from ..actions.pipeline.remediator import Remediator
 from .control import error_response
 
 DEFAULT_LIST = 50

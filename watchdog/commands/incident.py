@@ -12,8 +12,8 @@ from typing import TextIO
 
 from ..actions.incidents.bundle import MANIFEST, BundleError, Bundles, load_json
 from ..actions.incidents.summary import FRAMES, LOG_LINES, SUMMARY_FILES, headline, summary
-from ..actions.records import ActionRecord
-from ..actions.state import ACTIONS_DB, ActionStore
+from ..actions.store.actionstore import ACTIONS_DB, ActionStore
+from ..actions.store.records import ActionRecord
 from ..config.model import Config
 from ..exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from ..safetext import shown

@@ -172,7 +172,7 @@ def alert_spans(transitions: Sequence[Transition]) -> list[AlertSpan]:
 
 def read_audit(path: str, start: float, end: float) -> list[ActionMark]:
     """Actions started within [start, end] from a state_dir (or its actions.sqlite), oldest first."""
-    from ..actions.state import ACTIONS_DB, ActionStore  # noqa: PLC0415 (keeps `replay` without --audit light)
+    from ..actions.store.actionstore import ACTIONS_DB, ActionStore  # noqa: PLC0415 (keeps `replay` without --audit light)
 
     db = os.path.join(path, ACTIONS_DB) if os.path.isdir(path) else path
     if not os.path.isfile(db):

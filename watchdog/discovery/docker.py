@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..actions.docker import BACKUP_SUFFIX
+from ..actions.runtimes.docker import BACKUP_SUFFIX
 from ..config.targets import TARGET_LABELS, DiscoveredBy, TargetConfig, valid_name
 from .config import DockerSdConfig
 from .files import Refresh

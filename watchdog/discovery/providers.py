@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def _docker_from_env() -> Any:
-    from ..actions.plane import docker_from_env  # noqa: PLC0415  # what the docker runtimes use
+    from ..actions.runtimes.targetruntimes import docker_from_env  # noqa: PLC0415  # what the docker runtimes use
 
     return docker_from_env()
 

@@ -12,41 +12,38 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry
 
 from .. import logs
-from ..actions.metrics import ActionCollector
-from ..actions.plane import ActionPlane, ActionPlaneOptions, docker_from_env
+from ..actions.runtimes.targetruntimes import docker_from_env
 from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
 from ..config.httpauth import ClientSettings
 from ..config.model import Config
-from ..discovery.metrics import DiscoveryCollector
 from ..discovery.providers import DiscoveryOptions, TargetDiscovery
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
-from ..gateway.config import GatewayConfig
 from ..gateway.control.feed import GatewayFeed
-from ..gateway.control.metrics import GatewayCollector, exposition
+from ..gateway.control.metrics import exposition
 from ..gateway.control.process import process_link
-from ..gateway.protocol.link import GatewayLink
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
 from ..ruler.files import RuleGroup, store_needs
-from ..scrapelog import ScrapeLog
 from ..sdnotify import Notifier
 from ..sources.monitor import Monitor, MonitorOptions, client_for
-from ..sources.selffeed import SelfFeed
+from .actionplane import ActionPlane
+from .actionwiring import ActionPlaneOptions
 from .clockwatch import ClockWatch
 from .loading import load_all
 from .schedule import Job, Schedule
 from .sdstatus import daemon_status
-from .selfmetrics import DaemonCounters, FdCollector, ListenerCollector, own_collectors
+from .selfmetrics import DaemonCounters
+from .wiring import attach_only, nvml_module, own_metrics, scrape_log
 
 log = logging.getLogger(__name__)
 GC_INTERVAL = 15.0
@@ -96,65 +93,23 @@ class Daemon:
         self.fd_guard = FdReserve()  # descriptors that API clients cannot take from scrapes and state writes
         # One CA bundle in memory for every target's client, not one each (~0.6 MiB).
         self._tls = ssl.create_default_context()
-        self.scrapelog = (
-            None
-            if options.record is None
-            else ScrapeLog(
-                options.record, max_bytes=options.record_max_bytes, keep=options.record_keep, clock=self.clock
-            )
-        )
+        self.scrapelog = scrape_log(options.record, options.record_max_bytes, options.record_keep, self.clock)
         self.rules = rules
-        self.monitor = mon = Monitor(
-            config,
-            MonitorOptions(
-                client_factory=self._new_client,
-                nvml=options.nvml,
-                keep_all=options.keep_all,
-                monotonic=self.monotonic,
-                recorder=self.scrapelog,
-            ),
-            store_needs(rules, config.global_.lookback_delta),
-        )
+        needs = store_needs(rules, config.global_.lookback_delta)
+        self.monitor = mon = Monitor(config, self._monitor_options(), needs)
         self.actions = actions = ActionPlane(config, self._action_options(mon))
-        self.evaluation = RuleEvaluation(
-            config,
-            rules,
-            mon.store,
-            RuleEvaluationOptions(
-                monotonic=self.monotonic,
-                ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
-                on_alerts=actions.on_alerts,
-            ),
-        )
+        self.evaluation = RuleEvaluation(config, rules, mon.store, self._evaluation_options())
         self.gateway_feed = GatewayFeed(mon.store)
-        registry = CollectorRegistry(auto_describe=False)
-        own = (
-            *own_collectors(mon, self.counters, self.evaluation, actions.health),
-            ActionCollector(actions),
+        registry, self.self_feed = own_metrics(
+            mon,
+            self.counters,
+            self.evaluation,
+            actions,
+            lambda: self.api_listener,
+            self.fd_guard,
+            self.discovery,
         )
-        for collector in own:
-            registry.register(collector)
-        host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host
-        self.self_feed = SelfFeed(mon.store, own, f"{host}:{config.listen_port}", lambda: mon.keep_names)
-        registry.register(GatewayCollector(lambda: g.snapshot if (g := actions.gateway) else None))
-        registry.register(ListenerCollector("vllm_watchdog_api_", lambda: self.api_listener))
-        registry.register(FdCollector(self.fd_guard))
-        registry.register(DiscoveryCollector(self.discovery))
-        ProcessCollector(registry=registry)  # process_*: CPU, memory and descriptors, as Prometheus exports
-        app = build_app(
-            ApiOptions(
-                mon,
-                self.evaluation,
-                actions.remediator,
-                registry,
-                self.reload,
-                self.healthy,
-                gateway=actions.gateway,
-                clock=self.clock,
-                monotonic=self.monotonic,
-                ready=lambda: self.schedule.running,  # as Prometheus: ready once started, not after a scrape
-            )
-        )
+        app = build_app(self._api_options(registry))
         self.server = api_server(app, config.listen_host, config.listen_port, self.api_listener)
         self.schedule = Schedule(self.counters, self.clock, self.monotonic)
         self._stop = asyncio.Event()
@@ -165,16 +120,47 @@ class Daemon:
         config, rules = load_all(options.config_path, options.env)
         return cls(config, rules, options)
 
+    def _monitor_options(self) -> MonitorOptions:
+        return MonitorOptions(
+            client_factory=self._new_client,
+            nvml=self.options.nvml,
+            keep_all=self.options.keep_all,
+            monotonic=self.monotonic,
+            recorder=self.scrapelog,
+        )
+
+    def _evaluation_options(self) -> RuleEvaluationOptions:
+        mon = self.monitor
+        return RuleEvaluationOptions(
+            monotonic=self.monotonic,
+            ready=lambda: all(rt.scrape.status.scrapes > 0 for rt in mon.targets.values()),
+            on_alerts=self.actions.on_alerts,
+        )
+
+    def _api_options(self, registry: CollectorRegistry) -> ApiOptions:
+        return ApiOptions(
+            self.monitor,
+            self.evaluation,
+            self.actions.remediator,
+            registry,
+            self.reload,
+            self.healthy,
+            gateway=self.actions.gateway,
+            clock=self.clock,
+            monotonic=self.monotonic,
+            ready=lambda: self.schedule.running,  # as Prometheus: ready once started, not after a scrape
+        )
+
     def _action_options(self, mon: Monitor) -> ActionPlaneOptions:
         return ActionPlaneOptions(
             engine=lambda: self.evaluation.engine,  # the evaluation is built next, and feeds this plane
             client_factory=self._new_client,
-            nvml=self._nvml_module(),
+            nvml=nvml_module(self.options.nvml),
             docker_client=self.options.docker_client,
             systemctl=self.options.systemctl,
             clock=self.clock,
             monotonic=self.monotonic,
-            gateway_link=_attach_only if self.options.external_gateway else process_link,
+            gateway_link=attach_only if self.options.external_gateway else process_link,
             engine_state=mon.engine_state,
             firing=lambda: self.evaluation.manager.alerts_json()["data"]["alerts"],
         )
@@ -375,16 +361,6 @@ class Daemon:
         limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
         return client_for(settings, tls, transport=self.options.transport, limits=limits, verify=self._tls)
 
-    def _nvml_module(self) -> Any | None:
-        """The NVML module for gpu_power_limit: the injected one (tests), else pynvml if installed."""
-        if self.options.nvml is not None:
-            return self.options.nvml
-        try:
-            import pynvml  # noqa: PLC0415 - lazy: the package works without a GPU stack
-        except ImportError:
-            return None
-        return pynvml
-
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGTERM, self.stop)
@@ -394,8 +370,3 @@ class Daemon:
     def stop(self) -> None:
         """Ask the daemon to shut down."""
         self._stop.set()
-
-
-def _attach_only(gateway: GatewayConfig, state_dir: str | None) -> GatewayLink:
-    """A link to a gateway process that systemd or compose runs: attach to it, never start or stop it."""
-    return process_link(replace(gateway, supervise=False), state_dir)

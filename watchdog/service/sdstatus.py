@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..actions.plane import ActionPlane
 from ..ruler.alerting import AlertState
 from ..ruler.evaluation import RuleEvaluation
 from ..sources.monitor import Monitor
+from .actionplane import ActionPlane
 
 MAX_NAMED = 3  # names listed per part; more are counted
 

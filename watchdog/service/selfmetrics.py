@@ -13,8 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..actions.plane import NOTIFY_DB
-from ..actions.state import ACTIONS_DB
+from ..actions.store.actionstore import ACTIONS_DB
 from ..fdlimits import FdReserve, open_fds, soft_limit
 from ..listener import REFUSALS, Listener
 from ..ruler.evaluation import STATE_FILE, RuleEvaluation
@@ -23,6 +22,7 @@ from ..sources.metrics import MonitorCollector
 from ..sources.monitor import Monitor
 from ..sources.selffeed import OwnCollector, Want, everything
 from ..statehealth import PROBE_FILE, StateHealth
+from .actionwiring import NOTIFY_DB
 
 STATE_FILES = (ACTIONS_DB, NOTIFY_DB, STATE_FILE, PROBE_FILE)  # their write error counters start at 0
 

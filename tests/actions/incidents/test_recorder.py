@@ -23,10 +23,10 @@ import pytest
 from tests.support.incidents import Sleeper, bundle, manifest, part_status, promtool_import, stack_functions
 from vllm_watchdog.actions.incidents import procs
 from vllm_watchdog.actions.incidents.recorder import RecorderOptions
-from vllm_watchdog.actions.process import ProcessRuntime
-from vllm_watchdog.actions.remediator import Remediator, RemediatorOptions
-from vllm_watchdog.actions.runtime import Launch, LogTail, ServerPid
-from vllm_watchdog.actions.state import ActionStore
+from vllm_watchdog.actions.pipeline.remediator import Remediator, RemediatorOptions
+from vllm_watchdog.actions.runtimes.process import ProcessRuntime
+from vllm_watchdog.actions.runtimes.runtime import Launch, LogTail, ServerPid
+from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.config.targets import TargetConfig
 from vllm_watchdog.notifiers.alert import OutgoingAlert

@@ -19,7 +19,7 @@ from typing import Any
 from ...config.targets import TargetConfig
 from ...redact import Redactor
 from ...store import SampleStore
-from ..runtime import Observable, Runtime
+from ..runtimes.runtime import Observable, Runtime
 from . import gpu, procs, stacks
 from .openmetrics import openmetrics, target_series
 from .parts import Absent, Found, Part

@@ -20,9 +20,9 @@ from ... import __version__
 from ...config.model import Config
 from ...redact import Redactor, config_secrets
 from ...store import SampleStore
-from ..audit import Job
-from ..router import target_of
-from ..runtime import Runtime
+from ..pipeline.decisions import Job
+from ..pipeline.router import target_of
+from ..runtimes.runtime import Runtime
 from . import collectors
 from .bundle import MANIFEST, Bundles, new_id
 from .parts import Collection, PartResult, Sleep

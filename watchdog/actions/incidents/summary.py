@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...safetext import shown
-from ..records import ActionRecord
+from ..store.records import ActionRecord
 from .bundle import MANIFEST, load_json
 
 FRAMES = 5

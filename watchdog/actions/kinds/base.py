@@ -11,11 +11,11 @@ from ..config import ActionConfig, KindSpec, Traits, register_kind
 
 if TYPE_CHECKING:  # the config parser imports this package: it loads no flow or store with it
     from ...config.targets import TargetConfig
-    from ..flows import FlowContext, Outcome
-    from ..gatewayactions import Gateway
-    from ..plans import Plan
-    from ..runtime import Runtime
-    from ..state import ActionStore
+    from ..pipeline.flows import FlowContext, Outcome
+    from ..pipeline.gatewayactions import Gateway
+    from ..pipeline.plans import Plan
+    from ..runtimes.runtime import Runtime
+    from ..store.actionstore import ActionStore
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from ...config.durations import format_duration, parse_duration
 from ...config.yamlnodes import Node
 from ...gateway.config import ADAPTIVE_SIGNALS, ThrottleSpec
 from ..config import ActionConfig, KindSpec, Traits
-from ..flows import FlowContext, Outcome
-from ..gatewayactions import Gateway, hold_key
-from ..plans import Plan
+from ..pipeline.flows import FlowContext, Outcome
+from ..pipeline.gatewayactions import Gateway, hold_key
+from ..pipeline.plans import Plan
 from .base import Act, Executor, Kind, register
 
 DEFAULT_THROTTLE = ThrottleSpec(factor=0.5)  # a throttle action that says nothing else halves the cap

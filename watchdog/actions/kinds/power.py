@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 from ...config.yamlnodes import Node
 from ..config import KindSpec, Traits
-from ..flows import FlowContext, Outcome
-from ..plans import Plan, execute_plan, guarded, plan_power
+from ..pipeline.flows import FlowContext, Outcome
+from ..pipeline.plans import Plan, execute_plan, guarded, plan_power
 from .base import Act, Kind, register
 
 

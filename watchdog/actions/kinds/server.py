@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from ...config.yamlnodes import Node
 from ..config import DRAFT_FLAGS, Budget, KindSpec, Traits, long_flag
-from ..flows import FlowContext, Outcome
-from ..plans import DRAFT_KEY, Plan, execute_plan, guarded, plan_relaunch, plan_restart
+from ..pipeline.flows import FlowContext, Outcome
+from ..pipeline.plans import DRAFT_KEY, Plan, execute_plan, guarded, plan_relaunch, plan_restart
 from .base import Act, Kind, Planner, register
 
 STOPS_SERVER = Traits(

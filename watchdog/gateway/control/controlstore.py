@@ -6,8 +6,9 @@ from typing import Any, Protocol
 
 
 class ControlStore(Protocol):
-    """What GatewayControl needs of the daemon's state store (the action store, actions/state.py): which
-    targets are drained, and one JSON document that outlives a restart (throttle, breakers, offences)."""
+    """What GatewayControl needs of the daemon's state store (the action store,
+    actions/store/actionstore.py): which targets are drained, and one JSON document that outlives a restart
+    (throttle, breakers, offences)."""
 
     def drains(self) -> dict[str, float]: ...
 

@@ -42,6 +42,14 @@ def window_quantile(q: float, old: HistogramSnapshot, new: HistogramSnapshot) ->
     return histogram_quantile(q, [(le, float(n - o)) for le, n, o in increase])
 
 
+def queue_time_query(target: str) -> str:
+    """The PromQL of the adaptive throttle's signal: vLLM's p90 request queue time over 30 s for `target`."""
+    return (
+        "histogram_quantile(0.9, sum by (le) "
+        f'(rate(vllm:request_queue_time_seconds_bucket{{target="{target}"}}[30s])))'
+    )
+
+
 def _no_queue_time() -> float | None:
     return None
 

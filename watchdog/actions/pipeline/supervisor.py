@@ -1,0 +1,89 @@
+"""Process mode's supervision: a vLLM child that died on its own is started again, under the same rails as
+any restart; the child of a target that left the config is stopped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ...config.targets import TargetConfig
+from ...errors import ActionError
+from ..config import ActionConfig, Budget
+from ..kinds.server import RESTART
+from ..runtimes.process import ProcessRuntime
+from ..runtimes.runtime import Runtime
+from ..store.actionstore import ActionStore
+from .decisions import Job
+
+log = logging.getLogger("vllm_watchdog.actions.remediator")
+RESPAWN = ActionConfig(
+    name="respawn",
+    type=RESTART.name,
+    cooldown=0.0,
+    max_per_window=Budget(5, 3600.0),
+    startup_grace=0.0,
+    backoff_initial=10.0,
+    backoff_max=600.0,
+    drain_timeout=0.0,
+    stop_timeout=30.0,
+)
+
+
+def respawn(target: TargetConfig, runtime: Runtime | None) -> Job | None:
+    """The job that starts the target's child again if it exited on its own; None while it runs, or for a
+    runtime that supervises no child."""
+    exit_code = getattr(runtime, "exit_code", None)
+    if not callable(exit_code):
+        return None
+    code = exit_code()
+    if code is None:
+        return None
+    log.error("vLLM exited on its own", extra={"target": target.name, "exit_code": code})
+    return Job(RESPAWN, target, {"target": target.name, "exit_code": str(code)}, "supervisor")
+
+
+RETIRE_STOP_TIMEOUT = 90.0  # SIGTERM, then SIGKILL after this long (a restart's default stop_timeout)
+
+
+async def retire_child(
+    name: str,
+    runtime: ProcessRuntime,
+    store: ActionStore,
+    clock: Callable[[], float],
+    *,
+    dry_run: bool,
+    unrecordable: bool,
+) -> None:
+    """The target of a child the watchdog started left the config: stop the child (an audit row "retire"
+    says so) rather than leave it running with nothing watching it. Where actions may not touch a server
+    (dry run, paused, state_dir unwritable) it is left running, and the log says that nothing supervises
+    it any more."""
+    if not await runtime.is_running():
+        await runtime.retire(0.0)  # no child: only its state file goes
+        return
+    why = (
+        "dry_run is on"
+        if dry_run
+        else "actions are paused"
+        if store.paused()[0]
+        else "state_dir is not writable"
+        if unrecordable
+        else ""
+    )
+    if why:
+        log.error(
+            "the vLLM of a removed process-mode target is left running and nothing supervises it any more "
+            "(stop it by hand, or add the target back)",
+            extra={"target": name, "why": why},
+        )
+        return
+    action_id = store.begin("retire", "stop", name, "reload", {"target": name}, False, clock())
+    try:
+        pid = await runtime.retire(RETIRE_STOP_TIMEOUT)
+    except ActionError as exc:
+        store.finish(action_id, "failed", clock(), str(exc))
+        log.error("stopping the vLLM of a removed process-mode target failed", extra={"target": name})
+        return
+    reason = f"target {name} was removed from the config: its vLLM process {pid} was stopped"
+    store.finish(action_id, "succeeded", clock(), reason)
+    log.warning("stopped the vLLM of a removed process-mode target", extra={"target": name, "pid": pid})
