@@ -216,6 +216,31 @@ def test_no_import_runs_against_the_data_flow() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def sections(modules: Iterable[str]) -> set[str]:
+    """The config sections: each stage's own config.py outside config/ (config stage by STAGES' rule)."""
+    return {
+        m for m in modules if len(m.split(".")) == 3 and m.endswith(".config") and m.split(".")[1] != "config"
+    }
+
+
+def test_a_section_imports_no_stage_and_not_the_model_that_assembles_it() -> None:
+    """A section reads YAML with the config folder's helpers and shares types with other sections; it never
+    reaches the whole Config (config/model.py assembles the sections, so the reverse would be a circle)."""
+    found = sections(module_names(ROOT, PACKAGE))
+    assert {f"{PACKAGE}.{s}.config" for s in ("actions", "gateway", "notifiers", "fleet", "sources")} <= found
+    wrong = [
+        str(imp)
+        for imp in all_imports()
+        if imp.importer in found
+        and (
+            imp.imported == f"{PACKAGE}.config.model" or LAYERS.stage_of(imp.imported) not in (None, "config")
+        )
+    ]
+    assert not wrong, "\n".join(wrong)
+    model = {imp.imported for imp in all_imports() if imp.importer == f"{PACKAGE}.config.model"}
+    assert found <= model, f"config/model.py assembles every section: {sorted(found - model)}"
+
+
 def test_no_two_stages_import_each_other() -> None:
     assert LAYERS.cycles(all_imports()) == []
 
