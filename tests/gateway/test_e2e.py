@@ -119,7 +119,12 @@ def test_a_flooding_session_is_limited_while_another_gets_through(
     )
     results: list[tuple[str, int, dict[str, Any], float]] = []
     flood = [
-        threading.Thread(target=_completion, args=(wd.gateway, "agent-a", results, 96)) for _ in range(10)
+        # sampled, so that each takes its full time: greedy, they rode the ngram drafts and all three had ended
+        # before B was sent (CI saw B finish 0.08 s after the last of them)
+        threading.Thread(
+            target=_completion, args=(wd.gateway, "agent-a", results, 96), kwargs={"temperature": 1.0}
+        )
+        for _ in range(10)
     ]
     for t in flood:
         t.start()
