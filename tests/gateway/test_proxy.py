@@ -8,8 +8,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -23,31 +22,6 @@ from vllm_watchdog.listener import HttpProtocol
 
 COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}
 STREAM = {**COMPLETION, "stream": True}
-
-
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    """A programmable upstream on 127.0.0.1."""
-    up = Upstream()
-    yield up
-    up.close()
-
-
-@pytest.fixture
-def gateway(upstream: Upstream) -> Iterator[Callable[..., GatewayServer]]:
-    """Start a GatewayServer in front of `upstream` (config fields as keyword overrides)."""
-    servers: list[GatewayServer] = []
-
-    def make(**overrides: Any) -> GatewayServer:
-        overrides.setdefault("upstream", upstream.url)
-        server = GatewayServer(GatewayConfig(target="test", listen_port=free_port(), **overrides))
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop(grace=1.0)
 
 
 def snapshot(gw: GatewayServer) -> GatewaySnapshot:

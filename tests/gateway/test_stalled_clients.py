@@ -12,46 +12,19 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.gateway_upstream import SSE_HEAD, Seen, Upstream, chunk, fixed, stream_then
-from tests.support.vllm_server import free_port
-from vllm_watchdog.gateway.config import GatewayConfig, SessionConfig
+from vllm_watchdog.gateway.config import SessionConfig
 from vllm_watchdog.gateway.dataplane.server import GatewayServer
 from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot
 
 STREAM = {"model": "m", "prompt": "a secret prompt", "max_tokens": 100_000, "stream": True}
 EVENT = b"data: " + b"x" * 4000 + b"\n\n"
-
-
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    """A programmable upstream on 127.0.0.1."""
-    up = Upstream()
-    yield up
-    up.close()
-
-
-@pytest.fixture
-def gateway(upstream: Upstream) -> Iterator[Callable[..., GatewayServer]]:
-    """Start a GatewayServer in front of `upstream` (config fields as keyword overrides)."""
-    servers: list[GatewayServer] = []
-
-    def make(**overrides: Any) -> GatewayServer:
-        server = GatewayServer(
-            GatewayConfig(target="stall", upstream=upstream.url, listen_port=free_port(), **overrides)
-        )
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop(grace=1.0)
 
 
 class Endless:
