@@ -43,10 +43,10 @@ def _never(*args: Any) -> Any:
     raise AssertionError("a refused request reached a handler")
 
 
-def app_routes() -> list[tuple[str, str]]:
-    """(method, path) of every route of the app the daemon serves, path parameters filled in."""
-    unused: Any = None  # listing the routes reads none of what they serve
-    app = build_app(
+def bare_app() -> Any:
+    """The app the daemon serves, with nothing behind it: for what it does before reading what it serves."""
+    unused: Any = None
+    return build_app(
         ApiOptions(
             monitor=unused,
             evaluation=unused,
@@ -58,6 +58,11 @@ def app_routes() -> list[tuple[str, str]]:
             clock=time.time,
         )
     )
+
+
+def app_routes() -> list[tuple[str, str]]:
+    """(method, path) of every route of the app the daemon serves, path parameters filled in."""
+    app = bare_app()  # listing the routes reads none of what they serve
     out = []
     for route in app.routes:
         assert isinstance(route, Route), route
@@ -70,19 +75,7 @@ def app_routes() -> list[tuple[str, str]]:
 async def test_a_client_gone_before_its_body_arrived_gets_no_traceback(path: str) -> None:
     """A dropped upload (a flood of them while the listener evicts) must not raise out of the app: uvicorn would
     log a 3 kB traceback per connection."""
-    unused: Any = None  # the body is read before anything the app serves is touched
-    app = build_app(
-        ApiOptions(
-            monitor=unused,
-            evaluation=unused,
-            remediator=unused,
-            registry=CollectorRegistry(),
-            reload=_never,
-            healthy=_never,
-            gateway=unused,
-            clock=time.time,
-        )
-    )
+    app = bare_app()  # the body is read before anything the app serves is touched
     messages: list[dict[str, Any]] = [{"type": "http.request", "body": b"query=up", "more_body": True}]
 
     async def receive() -> dict[str, Any]:
