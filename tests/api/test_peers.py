@@ -48,8 +48,8 @@ def test_the_clients_socket_is_found_with_its_owner(connection: tuple[socket.soc
 
 def test_a_peer_not_on_this_machine_is_known_by_its_address() -> None:
     ids = ClientIds(lambda: 0.0)
-    assert ids.key({"client": ("10.0.0.7", 40000), "server": ("10.0.0.1", 9090)}) == "address:10.0.0.7"
-    assert ids.key({"client": ("10.0.0.7", 40001), "server": ("10.0.0.1", None)}) == "address:10.0.0.7"
+    assert ids.key({"client": ("192.0.2.7", 40000), "server": ("192.0.2.1", 9090)}) == "address:192.0.2.7"
+    assert ids.key({"client": ("192.0.2.7", 40001), "server": ("192.0.2.1", None)}) == "address:192.0.2.7"
     assert ids.key({"client": None}) == "unknown"
     assert socket_owner(("127.0.0.1", 5), ("::1", 6)) is None  # two families: no such socket
     assert socket_owner(("not an address", 5), ("127.0.0.1", 6)) is None

@@ -88,7 +88,7 @@ async def _up(client: httpx.AsyncClient) -> httpx.Response:
 async def test_hostile_queries_back_to_back_leave_the_loop_its_ticks() -> None:
     faults = Faults()
     runner = QueryRunner(limits=RunnerLimits(grace=0.3), spawn=faults)
-    (client,) = _clients(runner, "10.0.0.1")
+    (client,) = _clients(runner, "192.0.2.1")
     loop, stamps, done = asyncio.get_running_loop(), [], asyncio.Event()
 
     async def tick() -> None:
@@ -122,7 +122,7 @@ async def test_a_crashed_hung_or_oversized_child_is_a_prometheus_error_and_the_n
     # The kill comes `grace` after the query's own deadline: long enough that a child slowed by a loaded machine
     # (CI once took over 0.2 s to start one) still reaches its own deadline first and says where it stopped.
     runner = QueryRunner(limits=RunnerLimits(max_bytes=2000, grace=2.0), spawn=faults)
-    (client,) = _clients(runner, "10.0.0.1")
+    (client,) = _clients(runner, "192.0.2.1")
     at = str(T0 + SPAN)
     expected: list[tuple[Callable[[], Any], int, str, str]] = [
         (
@@ -169,11 +169,11 @@ async def test_a_crashed_hung_or_oversized_child_is_a_prometheus_error_and_the_n
 @pytest.mark.anyio
 async def test_one_client_with_forty_slow_queries_cannot_keep_another_clients_up_out() -> None:
     runner = QueryRunner(limits=RunnerLimits(grace=0.2))
-    hostile, grafana = _clients(runner, "10.0.0.1", "10.0.0.2")
+    hostile, grafana = _clients(runner, "192.0.2.1", "192.0.2.2")
     slow = {"query": SLOW, "time": str(T0 + SPAN), "timeout": "0.3"}
     flood = [asyncio.ensure_future(hostile.get("/api/v1/query", params=slow)) for _ in range(40)]
     for _ in range(1000):  # until the queue has taken what it takes from this client, and refused the rest
-        if runner.queue.waiting_for("address:10.0.0.1") == 8 and sum(t.done() for t in flood) == 31:
+        if runner.queue.waiting_for("address:192.0.2.1") == 8 and sum(t.done() for t in flood) == 31:
             break
         await asyncio.sleep(0.01)
     refused = [t.result() for t in flood if t.done()]
@@ -193,8 +193,8 @@ async def test_one_client_with_forty_slow_queries_cannot_keep_another_clients_up
 @pytest.mark.anyio
 async def test_answers_a_client_leaves_unread_are_capped_and_released_once_sent() -> None:
     runner = QueryRunner(limits=RunnerLimits(held=3000, held_per_client=1500))
-    scope = {"client": ("10.0.0.1", 40000), "server": ("10.0.0.9", 9090)}
-    other = {"client": ("10.0.0.2", 40000), "server": ("10.0.0.9", 9090)}
+    scope = {"client": ("192.0.2.1", 40000), "server": ("192.0.2.9", 9090)}
+    other = {"client": ("192.0.2.2", 40000), "server": ("192.0.2.9", 9090)}
     work = lambda: Answer(200, b"x" * 1000)  # noqa: E731
     first = await runner.run(scope, work, 1.0)
     second = await runner.run(scope, work, 1.0)  # 1,000 held: still under this client's 1,500

@@ -34,14 +34,14 @@ def test_several_exporters_each_with_its_name_job_and_labels() -> None:
     cfg = parse_config(
         "gpus:\n"
         "  exporters:\n"
-        "    - {name: node-a, url: 'http://10.0.0.1:9400/metrics', labels: {rack: r1}}\n"
-        "    - {name: node-b, url: 'http://10.0.0.2:9400/metrics', job: gpu}\n",
+        "    - {name: node-a, url: 'http://192.0.2.1:9400/metrics', labels: {rack: r1}}\n"
+        "    - {name: node-b, url: 'http://192.0.2.2:9400/metrics', job: gpu}\n",
         "c.yml",
         env={},
     )
     a, b = cfg.gpus.exporters
     assert (a.name, a.job, dict(a.labels)) == ("node-a", "dcgm", {"rack": "r1"})
-    assert (b.name, b.job, b.url) == ("node-b", "gpu", "http://10.0.0.2:9400/metrics")
+    assert (b.name, b.job, b.url) == ("node-b", "gpu", "http://192.0.2.2:9400/metrics")
 
 
 def test_bad_exporters_are_reported_with_file_line_and_field() -> None:
