@@ -30,6 +30,7 @@ STAGES = (
     "promql",  # the query engine over the sample store
     "scrapelog",  # what the sources delivered, recorded for replay
     "sources",  # scrapes, probes and GPUs, into the sample store
+    "integrity",  # the known-answer probe: are the answers still right
     "notifiers",  # the alert they send, and its delivery
     "ruler",  # rule files, the alert state machine, rule groups
     "gateway",  # the data plane in front of vLLM, which the actions steer
