@@ -211,6 +211,34 @@ def test_gateway_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert checks["PrivateDevices="] and checks["NoNewPrivileges="]
 
 
+def _enable(root: Path, *units: str) -> set[str]:
+    """`systemctl --root enable` (offline, no systemd running) of the shipped units: the wants links made."""
+    if shutil.which("systemctl") is None:
+        pytest.fail("systemctl (package systemd) is missing: run scripts/setup.sh")
+    system = root / "etc" / "systemd" / "system"
+    system.mkdir(parents=True)
+    for unit in (WATCHDOG_UNIT, GATEWAY_UNIT):
+        shutil.copy(unit, system / unit.name)
+    result = subprocess.run(
+        ["systemctl", f"--root={root}", "enable", *units], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return {str(p.relative_to(system)) for p in system.glob("*.wants/*")}
+
+
+def test_the_daemon_pulls_in_the_gateway_only_where_it_is_enabled(tmp_path: Path) -> None:
+    """A watch-only host enables the daemon alone: nothing starts the gateway unit (which would exit 2 with no
+    `gateway:` section and restart into a failed unit). Enabled, the gateway starts with the daemon."""
+    daemon = read_unit(WATCHDOG_UNIT)
+    pulls = {k: v for k, v in daemon["Unit"] if k in ("Wants", "Requires", "Requisite", "BindsTo", "Upholds")}
+    assert not any(GATEWAY_UNIT.name in v for v in pulls.values()), pulls
+    alone = _enable(tmp_path / "alone", WATCHDOG_UNIT.name)
+    assert alone == {"multi-user.target.wants/vllm-watchdog.service"}
+    both = _enable(tmp_path / "both", WATCHDOG_UNIT.name, GATEWAY_UNIT.name)
+    assert "vllm-watchdog.service.wants/vllm-watchdog-gateway.service" in both
+    assert GATEWAY_UNIT.name in (last(daemon, "After", "Unit") or "")  # ordered: the socket exists first
+
+
 def test_vllm_unit_verifies(tmp_path: Path) -> None:
     """The example vLLM unit verifies too."""
     copy = installable(tmp_path, UNITS / "vllm.service")
@@ -368,7 +396,7 @@ include: ["bundled:watchdog.yml"]
     log = state_dir.parent / "watchdog.log"
     procs = []
     try:
-        # vllm-watchdog-gateway.service first (the daemon's unit Wants= and is After= it): its own sandbox,
+        # vllm-watchdog-gateway.service first (enabled, it is wanted by the daemon's unit, which is After= it): its own sandbox,
         # with the runtime directory as its one writable place.
         gateway_argv = _exec_start(GATEWAY_UNIT, config)
         gateway_env = {**env, "NOTIFY_SOCKET": str(gateway_notify.path)}
