@@ -132,6 +132,22 @@ def test_startup_grace(store: ActionStore) -> None:
     assert (verdict.allowed, verdict.rail, verdict.retry_at) == (False, "startup_grace", T0 + 12 * MIN)
     assert check(rails, act, 12 * MIN, started=10 * MIN).allowed
     assert check(rails, act, 10 * MIN, started=None).allowed  # unknown start: no grace
+    assert "has not been ready since" in verdict.reason and "startup grace of 2m" in verdict.reason
+
+
+def test_a_server_ready_since_its_start_has_no_grace_left(store: ActionStore) -> None:
+    """The grace protects a server that is still loading; one that was ready (health and a canary token
+    after its start) and then froze is hung, and is restarted at once."""
+    rails = Rails(store)
+    act = action(startup_grace=10 * MIN)
+    started = T0 + MIN
+
+    def ready(at: float, server_ready: bool) -> Verdict:
+        return rails.check(act, TARGET, ALERT, T0 + at, server_started_at=started, server_ready=server_ready)
+
+    assert ready(2 * MIN, False).rail == "startup_grace"  # still loading: protected
+    assert ready(2 * MIN, True).allowed  # ready since its start, then hung: no grace
+    assert ready(11 * MIN, False).allowed  # never ready: the fixed grace is the upper bound
 
 
 def test_backoff_doubles_per_failure_and_caps(store: ActionStore) -> None:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.support.clock import Clock
+from tests.support.clock import T0, Clock
 from tests.support.fake_nvml import FakeNvml
 from tests.support.remediation import ARGS, CONFIG, SPEC, Hub, Ready, ScriptedRuntime, alert, settle
 from vllm_watchdog.actions.pipeline.decisions import Job
@@ -35,9 +35,11 @@ def make(
     text: str = CONFIG,
     env: Mapping[str, str] | None = None,
     engine_state: Callable[[str, float], str] = lambda _, __: "",
+    ready_since: Callable[[str, float], bool] = lambda _, __: False,
+    runtime: ScriptedRuntime | None = None,
 ) -> tuple[Remediator, ScriptedRuntime, Ready, Hub, Clock]:
     cfg: Config = parse_config(text, "c.yml", env=env or {})
-    runtime = ScriptedRuntime()
+    runtime = runtime or ScriptedRuntime()
     ready, hub, clock = Ready(runtime), Hub(), Clock()
 
     async def no_sleep(_: float) -> None:
@@ -54,6 +56,7 @@ def make(
             monotonic=clock,  # the rails age runs in monotonic time: replayed time must move both clocks
             sleep=no_sleep,
             engine_state=engine_state,
+            ready_since=ready_since,
         ),
     )
     r.reconciled.set()
@@ -460,3 +463,35 @@ async def test_a_removed_target_ends_its_running_flow_and_nothing_else_of_it_run
     await r.tick(clock.now)  # no restore, retry or respawn for a target that is gone
     await settle(r)
     assert held.calls == ["replace:held", "replace", "commit"] and r.queues == {}
+
+
+class StartedRecently(ScriptedRuntime):
+    """A server that (re)started one minute before the test's clock."""
+
+    async def started_at(self) -> float | None:
+        return T0 - 60.0
+
+
+@pytest.mark.parametrize("ready", [False, True])
+async def test_the_startup_grace_ends_once_the_server_was_ready(ready: bool) -> None:
+    """A server that was ready since its start and then froze is restarted within its 10 m grace; one still
+    loading is left alone, and the audit says why."""
+    seen: list[tuple[str, float]] = []
+
+    def ready_since(target: str, started: float) -> bool:
+        seen.append((target, started))
+        return ready
+
+    text = CONFIG.replace(
+        "restart: {type: restart, cooldown: 15m, startup_grace: 0s", "restart: {type: restart"
+    )
+    r, rt, *_ = make(text, ready_since=ready_since, runtime=StartedRecently())
+    r.handle([alert("Hung")], T0)
+    await settle(r)
+    assert set(seen) == {("vllm-0", T0 - 60.0)}  # asked of the start the rails read
+    (rec,) = r.store.history()
+    if ready:
+        assert (rt.calls, rec.outcome) == (["stop", "start"], "succeeded")
+    else:
+        assert (rt.calls, rec.outcome) == ([], "skipped")
+        assert rec.reason.startswith("the server started 1m ago and has not been ready since")

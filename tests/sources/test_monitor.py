@@ -184,3 +184,34 @@ def test_with_keep_unreferenced_every_family_keeps_the_longest_range() -> None:
         cfg, MonitorOptions(client_factory=httpx.AsyncClient), store_needs(rules, cfg.global_.lookback_delta)
     )
     assert m.store.other_retention is None  # the store's retention: the [30m] range and the margin
+
+
+async def test_ready_since_needs_health_and_a_canary_token_sent_after_the_start(fault: FaultServer) -> None:
+    """What ends a restart's start-up grace: both probes succeeded at or after the server's start."""
+    fault.set("/health", "")
+    fault.set("/v1/models", {"data": [{"id": "m"}]})
+    fault.set("/v1/completions", {"usage": {"completion_tokens": 0}})
+    cfg = parse_config(f"targets: [{{name: t, url: '{fault.url}'}}]\n", "c.yml", env={})
+    mon = Monitor(cfg, MonitorOptions(client_factory=httpx.AsyncClient, monotonic=Clock()))
+    started = T0 + 100
+    await mon.probe_health("t", T0 + 50)
+    await mon.probe_canary("t", T0 + 50)
+    assert not mon.ready_since("t", started)  # nothing since the start
+    await mon.probe_health("t", T0 + 110)
+    await mon.probe_canary("t", T0 + 110)  # answered, but generated no token
+    assert not mon.ready_since("t", started)
+    fault.set("/v1/completions", {"usage": {"completion_tokens": 1}})
+    await mon.probe_canary("t", T0 + 115)
+    assert mon.ready_since("t", started)
+    assert not mon.ready_since("t", T0 + 112)  # a later restart: /health has not answered since
+    assert not mon.ready_since("other", 0.0)
+    await mon.aclose()
+
+
+async def test_without_a_canary_no_server_is_known_ready(fault: FaultServer) -> None:
+    """Nothing proves the engine generates: the fixed start-up grace stays."""
+    fault.set("/health", "")
+    mon = monitor(fault.url, Clock())  # canary: false
+    await mon.probe_health("t", T0 + 10)
+    assert not mon.ready_since("t", T0)
+    await mon.aclose()

@@ -68,6 +68,7 @@ class ActionPlane:
             gateway=self.gateway,
             running_requests=self.running_requests,
             engine_state=options.engine_state,
+            ready_since=options.ready_since,
             clock=self.clock,
             monotonic=self.monotonic,
             state=self.health,

@@ -32,6 +32,10 @@ def _not_paused(target: str, now: float) -> str:
     return ""
 
 
+def _never_ready(target: str, started: float) -> bool:
+    return False
+
+
 def _no_alerts() -> Sequence[Mapping[str, Any]]:
     return ()
 
@@ -51,6 +55,8 @@ class ActionPlaneOptions:
     gateway_link: Callable[[GatewayConfig, str | None], GatewayLink] = process_link
     # Why a target's engine is paused or asleep on purpose ("" if it is not): the monitor's view.
     engine_state: Callable[[str, float], str] = _not_paused
+    # Whether a target's server was ready (health and canary) since it started at a time: ends the grace.
+    ready_since: Callable[[str, float], bool] = _never_ready
     firing: Callable[[], Sequence[Mapping[str, Any]]] = _no_alerts  # the alerts now, for incident bundles
 
 

@@ -162,6 +162,7 @@ class Daemon:
             monotonic=self.monotonic,
             gateway_link=attach_only if self.options.external_gateway else process_link,
             engine_state=mon.engine_state,
+            ready_since=mon.ready_since,
             firing=lambda: self.evaluation.manager.alerts_json()["data"]["alerts"],
         )
 

@@ -33,12 +33,14 @@ class ProbeStatus:
     latency: float = 0.0
     last_probe: float | None = None
     last_error: str | None = None
+    last_ok: float | None = None  # wall-clock time the last successful probe was sent
     runs: int = 0
     failures: int = 0
 
     def record(self, now: float, ok: bool, latency: float, error: str | None) -> ProbeStatus:
         """Store one outcome."""
         self.ok, self.latency, self.last_probe, self.last_error = ok, latency, now, error
+        self.last_ok = now if ok else self.last_ok
         self.runs += 1
         self.failures += 0 if ok else 1
         return self

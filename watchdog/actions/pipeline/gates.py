@@ -5,7 +5,8 @@ and passes (None) or stops it with a Stop that says how (refused, a dry run's wo
 The order, defined once in PIPELINE:
 
 - preflight: the action can act on the target at all (a runtime of the right kind, NVML, a gateway);
-- rails: the safety rails (rails.py), with the server's start read once for a kind that needs_startup_grace;
+- rails: the safety rails (rails.py), with the server's start read once for a kind that needs_startup_grace,
+  and whether the monitor saw it ready since (which ends the grace);
 - nothing_to_do: the kind's plan, which may find nothing to do;
 - dry_run: a dry run reports the plan and stops;
 - state_unwritable: a kind that needs_writable_state is refused while its audit row could not be kept;
@@ -48,6 +49,8 @@ class Deciding(Protocol):
     monotonic: Callable[[], float]
 
     def engine_state(self, target: str, now: float) -> str: ...
+
+    def ready_since(self, target: str, started: float) -> bool: ...
 
     def configured(self, name: str) -> bool: ...
 
@@ -126,6 +129,7 @@ class RailsGate:
             needed_at=job.needed_at,
             # A child that exited (the supervisor's respawn) is not paused, whatever its last answer said.
             engine_state="" if job.trigger == "supervisor" else r.engine_state(job.target.name, d.now),
+            server_ready=d.started is not None and r.ready_since(job.target.name, d.started),
         )
         if verdict.allowed:
             return None

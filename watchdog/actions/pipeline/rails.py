@@ -9,7 +9,9 @@ Rails are checked in this order and the first that blocks gives the verdict:
   the target's engine is paused or asleep on purpose (vLLM's /is_paused, /is_sleeping or
   vllm:engine_sleep_state say so; see sources/enginestate): a rule that took the quiet engine for a hung one
   must not restart it, whether or not the rule knows about pauses;
-- startup_grace: the target's server started less than `startup_grace` ago;
+- startup_grace: the target's server started less than `startup_grace` ago and has not been ready since
+  (the caller says so: a /health 200 and a canary token sent after the start, the monitor's probes); once
+  it was ready, a hang is a hang, and `startup_grace` bounds only a server that never gets ready;
 - backoff: after n consecutive failed or rolled-back runs, the next waits `backoff_initial * 2**(n-1)`
   (at most `backoff_max`) after the last failure ended;
 - cooldown: the last finished run started less than `cooldown` ago;
@@ -93,6 +95,7 @@ class _Ask:
     labels: Mapping[str, str]
     now: float
     started: float | None  # when the target's server started
+    ready: bool  # the server has been ready since it started
     needed_at: float | None  # when the trigger began
     engine_state: str  # why the engine is paused or asleep on purpose; "" if it is not known to be
 
@@ -140,11 +143,13 @@ class Rails:
         manual: bool = False,  # only labels the trigger: manual actions obey every rail
         needed_at: float | None = None,
         engine_state: str = "",
+        server_ready: bool = False,
     ) -> Verdict:
         """The verdict of the first rail that blocks `action` on `target` now, or ALLOWED. `needed_at` is
         when the trigger began (the alert's startsAt; None: now), as given to the store's begin/record;
-        `engine_state` says why the target's engine is paused or asleep on purpose ("" if it is not)."""
-        ask = _Ask(action, target, labels, now, server_started_at, needed_at, engine_state)
+        `engine_state` says why the target's engine is paused or asleep on purpose ("" if it is not);
+        `server_ready` that the server has been ready since `server_started_at` (no start-up grace then)."""
+        ask = _Ask(action, target, labels, now, server_started_at, server_ready, needed_at, engine_state)
         for rail in (
             self._paused,
             self._silenced,
@@ -214,9 +219,12 @@ class Rails:
 
     def _startup_grace(self, ask: _Ask) -> Verdict | None:
         grace = ask.action.startup_grace
-        if ask.started is None or ask.now - ask.started >= grace:
+        if ask.started is None or ask.ready or ask.now - ask.started >= grace:
             return None
-        why = f"the server started {_ago(ask.now, ask.started)} ago, within its startup grace of "
+        why = (
+            f"the server started {_ago(ask.now, ask.started)} ago and has not been ready since (/health 200 "
+            "and a canary token), within its startup grace of "
+        )
         return Verdict(False, why + format_duration(grace), "startup_grace", ask.started + grace)
 
     def _backoff(self, ask: _Ask) -> Verdict | None:

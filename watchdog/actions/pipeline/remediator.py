@@ -55,6 +55,10 @@ def _not_paused(target: str, now: float) -> str:
     return ""
 
 
+def _never_ready(target: str, started: float) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class RemediatorOptions:
     """What a Remediator is wired to: the action store, readiness checks, notifiers, NVML power, the gateway
@@ -67,6 +71,7 @@ class RemediatorOptions:
     gateway: Gateway | None = None
     running_requests: Callable[[str], float | None] = _unknown_requests
     engine_state: Callable[[str, float], str] = _not_paused  # why an engine is paused or asleep on purpose
+    ready_since: Callable[[str, float], bool] = _never_ready  # a server was ready since it (re)started
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -92,6 +97,7 @@ class Remediator(OperatorControls):
         self.gateway = options.gateway
         self.running_requests = options.running_requests
         self.engine_state = options.engine_state
+        self.ready_since = options.ready_since
         self.clock, self.monotonic, self.sleep = options.clock, options.monotonic, options.sleep
         self.alerts = WatchdogAlerts(self.rails)
         self.retries = Retries(store)
