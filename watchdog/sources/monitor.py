@@ -338,14 +338,11 @@ class Monitor:
         )
 
     def ready_since(self, name: str, started: float) -> bool:
-        """Whether the target's server has been ready since wall-clock `started` (its (re)start): a /health
-        probe answered 200 and a canary generated a token, both sent at or after it. False where the canary
-        is off (nothing proves the engine generates) or nothing is known."""
+        """Whether /health answered 200 and a canary generated a token, both sent at or after `started` (the
+        server's (re)start). False with the canary off (nothing proves the engine generates)."""
         rt = self.targets.get(name)
-        if rt is None or rt.canary is None:
-            return False
-        health, canary = rt.health.status.last_ok, rt.canary.status.last_ok
-        return health is not None and canary is not None and min(health, canary) >= started
+        oks = (rt.health.status.last_ok, rt.canary.status.last_ok) if rt and rt.canary else (None,)
+        return None not in oks and min(t for t in oks if t is not None) >= started
 
     async def probe_canary(self, name: str, now: float) -> None:
         """Send one target's canary completion and record it as samples; it waits while the engine is
