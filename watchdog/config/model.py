@@ -18,6 +18,7 @@ from ..discovery.config import DockerSdConfig, FileSdConfig, parse_docker_sd, pa
 from ..errors import ConfigError, Problem
 from ..fleet.config import FleetConfig, parse_fleet
 from ..gateway.config import GatewayConfig, parse_gateway
+from ..integrity.config import IntegrityConfig, parse_integrity
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor, secret, secret_headers, url_password
 from ..sources.config import GpuConfig, parse_gpus
@@ -99,6 +100,7 @@ class Config:
     fleet: FleetConfig | None = None  # None: this watchdog decides alone (no shared disruption budget)
     file_sd_configs: tuple[FileSdConfig, ...] = ()  # targets listed in files (Prometheus' file_sd)
     docker_sd_configs: tuple[DockerSdConfig, ...] = ()  # targets found as labelled containers
+    integrity: IntegrityConfig = field(default_factory=IntegrityConfig)  # the known-answer probe
     # Values substituted from the environment into secret fields or from secret-named variables, and the
     # passwords and tokens read from credential files at load.
     env_secrets: tuple[str, ...] = field(default=(), repr=False, metadata=secret())
@@ -284,6 +286,7 @@ TOP_LEVEL_KEYS = {
     "file_sd_configs",
     "docker_sd_configs",
     "incidents",
+    "integrity",
 }
 
 
@@ -355,6 +358,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         docker_sd_configs=parse_docker_sd(top["docker_sd_configs"], global_.job)
         if "docker_sd_configs" in top
         else (),
+        integrity=parse_integrity(top["integrity"], base) if "integrity" in top else IntegrityConfig(),
         external_url=(_external_url(top["external_url"]) if "external_url" in top else None) or "",
         runbook_base_url=(top["runbook_base_url"].parsed(http_url) if "runbook_base_url" in top else None)
         or DEFAULT_RUNBOOK_BASE_URL,
