@@ -106,11 +106,11 @@ class KnownAnswers:
         st = self._state(target.name)
         async with st.lock:
             outcome, verdict = await self._bounded(self._check(target, st, now))
-        if outcome:
+        st.last = verdict
+        if outcome != "skipped":
+            st.last_check = now
+        if outcome:  # a learning step is no check
             st.count(outcome)
-            st.last = verdict
-            if outcome != "skipped":
-                st.last_check = now
             self.options.on_verdict(target.name, verdict, now)
         return verdict
 
