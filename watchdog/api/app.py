@@ -34,11 +34,12 @@ from .control import (
     error_response,
     gateway_unreachable,
 )
+from .graph import graph_handler
 from .inbound import BadRequest
 from .incidents import incident_routes
 from .jsonbodies import JSONAnswer
 from .prometheus import MAX_BODY as MAX_QUERY_BODY
-from .prometheus import READ_POSTS, QueryOptions, query_routes
+from .prometheus import READ_POSTS, QueryApi, QueryOptions, query_routes
 from .queryrunner import QueryRunner
 from .samples import samples_route
 from .targets import targets_json
@@ -160,6 +161,7 @@ def build_app(options: ApiOptions) -> Starlette:
         Route("/api/v1/targets", own.targets),
         samples_route(lambda: monitor.store, redactor, runner),
         *query_routes(query),
+        Route("/graph", graph_handler(QueryApi(query), options.clock)),
         Route("/api/v1/alerts", own.alerts),
         Route("/api/v1/rules", own.rules),
         Route("/-/reload", own.reload, methods=["POST"]),

@@ -262,11 +262,14 @@ class QueryApi:
         at = parse_time(form.get("time"), "time") if form.get("time") else self.options.clock()
         seconds, text = _timeout(form), form.get("query")
 
-        def work() -> dict[str, Any]:
-            expr = _compiled(text, prefix=True)
-            return self._evaluated(lambda tick: self._engine().query(expr, at, tick=tick), seconds)
+        return await answered(
+            self.runner, request, lambda: encoded(lambda: self.instant(text, at, seconds)), seconds
+        )
 
-        return await answered(self.runner, request, lambda: encoded(work), seconds)
+    def instant(self, text: str, at: float, seconds: float) -> dict[str, Any]:
+        """In the child: an instant query's `data` (ApiError for a bad query or a failed evaluation)."""
+        expr = _compiled(text, prefix=True)
+        return self._evaluated(lambda tick: self._engine().query(expr, at, tick=tick), seconds)
 
     async def query_range(self, form: Form, request: Request) -> Response:
         """/api/v1/query_range."""
