@@ -8,6 +8,7 @@ import pytest
 
 from vllm_watchdog.promql.values import QueryError, QueryFunc, Sample, Vector
 from vllm_watchdog.ruler.alerting import (
+    LOGGED_CHANGES,
     RESOLVED_RETENTION_MS,
     Alert,
     AlertingRule,
@@ -334,3 +335,36 @@ def test_alert_series_labels_follow_the_state_and_stay_bounded() -> None:
     # i39 is returned from 10m on, so it fires; i68 only now. Each label set gets the state it has now.
     assert ("i39", "firing") in alerts_of(out) and ("i68", "pending") in alerts_of(out)
     assert len(rule._series_labels) <= 4 * len(rule.active) + 64 + 2
+
+
+def test_each_state_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Pending, firing and resolved each give one line, naming the alert and its labels; a resolved alert
+    kept for re-sending, a pending one that clears and an unchanged one give none."""
+    rows = {0: [sample(5, instance="a")], MIN: [sample(5, instance="a"), sample(7, instance="b")]}
+    rule = alerting(for_=60)
+    caplog.set_level("INFO", logger="vllm_watchdog.ruler.alerting")
+    seen = []
+    for ts in (0, MIN, 2 * MIN, 3 * MIN):
+        caplog.clear()
+        rule.eval(ts, table(rows))
+        seen.append([(r.getMessage(), getattr(r, "labels", "")) for r in caplog.records])
+        assert {getattr(r, "alertname", None) for r in caplog.records} <= {"HTTPRequestRateLow"}
+    assert seen == [
+        [("alert pending", 'instance="a"')],
+        [("alert firing", 'instance="a"'), ("alert pending", 'instance="b"')],
+        [("alert resolved", 'instance="a"')],  # b was pending: dropped without a line
+        [],
+    ]
+    assert (
+        all(getattr(r, "alertname", None) == "HTTPRequestRateLow" for r in caplog.records)
+        or not caplog.records
+    )
+
+
+def test_a_rule_with_many_changes_logs_a_count_past_the_cap(caplog: pytest.LogCaptureFixture) -> None:
+    many = [sample(1, instance=str(i)) for i in range(LOGGED_CHANGES + 7)]
+    caplog.set_level("INFO", logger="vllm_watchdog.ruler.alerting")
+    alerting().eval(0, table({0: many}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("alert firing") == LOGGED_CHANGES and lines[-1] == "alert changes"
+    assert caplog.records[-1].more == 7  # type: ignore[attr-defined]

@@ -32,6 +32,9 @@ ALERT_METRIC = "ALERTS"
 FOR_STATE_METRIC = "ALERTS_FOR_STATE"
 RESOLVED_RETENTION_MS = 15 * 60 * 1000
 """How long a resolved alert is kept in memory and re-sent to notifiers."""
+LOGGED_CHANGES = (
+    10  # state-change lines per rule and evaluation; a rule with thousands of alerts logs a count
+)
 
 
 class AlertState(enum.IntEnum):
@@ -43,6 +46,16 @@ class AlertState(enum.IntEnum):
 
     def __str__(self) -> str:
         return self.name.lower()
+
+
+_CHANGES = frozenset(
+    {
+        (AlertState.INACTIVE, "pending"),
+        (AlertState.INACTIVE, "firing"),  # `for: 0s`: it fires on its first evaluation
+        (AlertState.PENDING, "firing"),
+        (AlertState.FIRING, "resolved"),
+    }
+)
 
 
 @dataclass
@@ -142,12 +155,30 @@ class AlertingRule:
         share a label set; clears every alert and raises when more than `limit` alerts are active.
         """
         fresh = self._results(query(self.rule.expr, ts / 1000), ts)
+        before = {key: alert.state for key, alert in self.active.items() if alert.resolved_at is None}
         self._take(fresh)
         out, live = self._advance(fresh, ts)
         if limit > 0 and live > limit:
             self.active = {}
             raise QueryError(f"exceeded limit of {limit} with {live} alerts")
+        self._log_changes(before)
         return out
+
+    def _log_changes(self, before: Mapping[Labels, AlertState]) -> None:
+        """One line per alert that went pending, firing or resolved in this evaluation (at most
+        LOGGED_CHANGES; then one line that counts the rest): with no notifier, the log is where a person
+        sees the alerts. A pending alert that clears is not a resolution (Prometheus sends none either)."""
+        changes = []
+        for key, alert in self.active.items():
+            was = before.get(key, AlertState.INACTIVE)
+            now = "resolved" if alert.resolved_at is not None else alert.state.name.lower()
+            if (was, now) in _CHANGES:
+                changes.append((now, key, alert.value))
+        for now, key, value in changes[:LOGGED_CHANGES]:
+            labels = ", ".join(f'{k}="{v}"' for k, v in key if k != "alertname")
+            log.info(f"alert {now}", extra={"alertname": self.name, "labels": labels, "value": value})
+        if len(changes) > LOGGED_CHANGES:
+            log.info("alert changes", extra={"alertname": self.name, "more": len(changes) - LOGGED_CHANGES})
 
     def _results(self, vector: Vector, ts: int) -> dict[Labels, Alert]:
         """A pending alert for each sample of the result, by its label set (Prometheus' first loop)."""
