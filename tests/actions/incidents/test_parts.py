@@ -94,3 +94,38 @@ async def test_a_part_that_ignores_cancellation_does_not_hold_the_collection() -
     finally:
         release.set()  # it ends later, in the background, and its answer is dropped
     await collection.leftovers.wait(1)
+
+
+async def test_the_flow_waits_for_evidence_never_past_the_budget_even_if_the_collection_has_not_ended() -> (
+    None
+):
+    from vllm_watchdog.actions.incidents.recorder import Incident, RecorderOptions
+
+    clock = Sleeper()
+    never = asyncio.ensure_future(asyncio.Event().wait())  # a collection whose wrap-up overran (a slow loop)
+    written: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    options = RecorderOptions(sleep=clock.sleep, monotonic=clock.monotonic)
+    incident = Incident("i", never, written, options, deadline=2.0)  # type: ignore[arg-type]
+    waited = asyncio.ensure_future(incident.evidence())
+    await clock.advance(1.9)
+    assert not waited.done()
+    await clock.advance(0.1)
+    assert waited.done() and not never.done()
+    await clock.advance(1)
+    await asyncio.wait_for(incident.evidence(), 1)  # past the deadline it returns at once
+    never.cancel()
+
+
+async def test_the_stacks_start_first_and_only_the_budget_cuts_them() -> None:
+    from vllm_watchdog.actions.config import MAX_INCIDENT_BUDGET
+    from vllm_watchdog.actions.incidents import collectors
+    from vllm_watchdog.config.model import parse_config
+    from vllm_watchdog.redact import Redactor
+
+    target = parse_config("targets: [{name: v, url: 'http://127.0.0.1:9'}]\n", "c.yml", env={}).targets[0]
+    src = collectors.Sources(target, None, None, None, Redactor.of(()), None, 10, 60.0, False, 0.0)
+    parts = collectors.parts(src)
+    assert parts[0].name == "stacks" and parts[0].timeout > MAX_INCIDENT_BUDGET  # the whole budget
+    assert all(p.timeout < 5.0 for p in parts[1:])
+    results = await Collection(asyncio.sleep, lambda: 0.0).run(parts, 1)
+    assert {r.name: r.status for r in results}["stacks"] == "absent"  # no runtime shows processes

@@ -197,3 +197,29 @@ def test_a_file_tail_drops_the_line_cut_in_half(tmp_path: Path) -> None:
     assert bounded.last_lines(data, 100, cut)[0].startswith("line 99")  # the partial first line is gone
     data, cut = bounded.read_tail(str(log), 1 << 20)
     assert not cut and bounded.last_lines(data, 2, cut) == ["line 998", "line 999"]
+
+
+def test_the_version_is_read_beside_the_interpreter_before_any_memory_map(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cmdline").write_bytes(b"/venv/bin/python3\0-m\0vllm.entrypoints.openai.api_server\0")
+    site = proc / "42" / "root" / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "vllm_watchdog-1.0.dist-info").mkdir(parents=True)
+    (site / "vllm_watchdog-1.0.dist-info" / "METADATA").write_text("Version: 1.0\n")
+    (site / "vllm-0.32.0.dist-info").mkdir()
+    (site / "vllm-0.32.0.dist-info" / "METADATA").write_text("Name: vllm\nVersion: 0.32.0\n")
+    assert not (proc / "42" / "maps").exists()  # found without reading the memory map
+    assert procs.vllm_version(42, str(proc)) == "0.32.0"
+    (site / "vllm-0.32.0.dist-info" / "METADATA").unlink()
+    assert procs.vllm_version(42, str(proc)) == ""  # the watchdog's own package is not vLLM's
+
+
+def test_the_engine_stacks_are_read_first_then_the_api_server(tmp_path: Path) -> None:
+    from vllm_watchdog.actions.incidents.collectors import _by_priority
+
+    proc = tmp_path / "proc"
+    for pid, comm in ((10, "python3"), (11, "python3"), (12, "VLLM::EngineCor"), (13, "VLLM::Worker_TP")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+    assert procs.name(12, str(proc)) == "VLLM::EngineCor" and procs.name(99, str(proc)) == ""
+    assert _by_priority([10, 11, 12, 13, 99], str(proc)) == [12, 13, 10, 11, 99]

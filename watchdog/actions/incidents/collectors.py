@@ -26,9 +26,13 @@ from .parts import Absent, Found, Part
 
 MAX_LOG_BYTES = 4 * 1024 * 1024
 MAX_LOG_LINE = 4096
-STACK_CONCURRENCY = 4  # py-spy processes at once
+# py-spy processes at once: each one reads a busy process's memory on a host whose cores vLLM fills, so two
+# at a time, the engine's first, finish sooner than all at once.
+STACK_CONCURRENCY = 2
+ENGINE_MARK = "VLLM::"  # vLLM's engine and worker processes name themselves VLLM::EngineCore, VLLM::Worker...
 # Each part's own limit, in seconds; the collection's budget (incidents.budget) cuts whatever runs longer.
-TIMEOUTS = {"processes": 2.0, "stacks": 4.0, "log": 3.0, "metrics": 3.0, "gpu": 3.0, "kernel": 3.0}
+# The stacks, what a hang is diagnosed from, have no limit of their own: they get the whole budget.
+TIMEOUTS = {"processes": 2.0, "stacks": 86400.0, "log": 3.0, "metrics": 3.0, "gpu": 3.0, "kernel": 3.0}
 # vLLM's request log (RequestLogger, on by default before 0.10) prints prompts and outputs on such lines.
 REQUEST_LOG_MARKS = ("Received request", "prompt:", "prompt_token_ids", "Generated response", "output:")
 WITHHELD = "[line withheld: vLLM's request log prints prompts and completions]"
@@ -57,9 +61,9 @@ def parts(src: Sources) -> list[Part]:
     task = asyncio.ensure_future(_locate(src))
     task.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even when no part awaits it
     located = lambda: asyncio.shield(task)  # noqa: E731 - a part cut at its timeout must not cancel it for the other
-    return [
-        Part("processes", lambda: _processes(src, located), TIMEOUTS["processes"]),
+    return [  # started in this order: the stacks first
         Part("stacks", lambda: _stacks(src, located), TIMEOUTS["stacks"]),
+        Part("processes", lambda: _processes(src, located), TIMEOUTS["processes"]),
         Part("log", lambda: _log(src), TIMEOUTS["log"]),
         Part("metrics", lambda: _metrics(src), TIMEOUTS["metrics"]),
         Part("gpu", lambda: _gpu(src), TIMEOUTS["gpu"]),
@@ -113,7 +117,10 @@ async def _stacks(src: Sources, located: Callable[[], Awaitable[list[int]]]) -> 
             except stacks.StackError as exc:
                 return {"pid": pid, "error": str(exc)}
 
-    found = await asyncio.gather(*(one(pid) for pid in pids))
+    order = await asyncio.to_thread(_by_priority, pids, src.proc)
+    dumps = {pid: asyncio.ensure_future(one(pid)) for pid in order}  # the semaphore serves them in order
+    await asyncio.gather(*dumps.values())
+    found = [dumps[pid].result() for pid in pids]
     read = sum(1 for f in found if "threads" in f)
     if not read:
         raise RuntimeError("; ".join(f"pid {f['pid']}: {f['error']}" for f in found)[:1000])
@@ -148,8 +155,9 @@ async def _metrics(src: Sources) -> Found:
     series, cut = target_series(src.store, src.target.name, src.target.gpus, start_ms, end_ms)
     if not series:
         raise Absent(f"the store holds no series of {src.target.name} in the last {src.metrics_window:g}s")
-    text = await asyncio.to_thread(openmetrics, series, src.redactor.text)
-    return Found({"metrics.om": text}, {"series": len(series), "truncated": cut})
+    # The window is copied now; its text is written with the bundle, after the action went on.
+    text = lambda: openmetrics(series, src.redactor.text)  # noqa: E731
+    return Found(facts={"series": len(series), "truncated": cut}, later={"metrics.om": text})
 
 
 async def _gpu(src: Sources) -> Found:
@@ -170,6 +178,13 @@ async def _kernel(src: Sources) -> Found:
     xids = [line for line in lines if gpu.XID_MARK in line]
     text = "".join(line + "\n" for line in lines)
     return Found({"kernel.txt": text.encode()}, {"lines": len(lines), "xid_lines": len(xids)})
+
+
+def _by_priority(pids: list[int], proc: str) -> list[int]:
+    """The order to read stacks in: vLLM's engine processes (VLLM::EngineCore, its workers), then the server's
+    top process (the API server), then the rest."""
+    engines = [pid for pid in pids[1:] if procs.name(pid, proc).startswith(ENGINE_MARK)]
+    return engines + [pid for pid in pids if pid not in engines]
 
 
 def json_bytes(doc: Any) -> bytes:

