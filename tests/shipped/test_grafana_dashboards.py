@@ -214,6 +214,24 @@ def test_provisioning_files() -> None:
     assert all((DASHBOARDS / n).is_file() for n in NAMES)
 
 
+# Grafana's rules for a uid (pkg/util/shortid_generator.go: IsValidShortUID, IsShortUIDTooLong), and one uid
+# space for folders and dashboards in an org (its dashboard store refuses to save a dashboard whose uid is a
+# folder's: "Dashboard cannot be changed to a folder", and the other way round).
+GRAFANA_UID = re.compile(r"[a-zA-Z0-9\-_]{1,40}")
+
+
+def test_provisioned_uids_follow_grafanas_rules_and_never_clash() -> None:
+    boards = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "vllm-watchdog.yml").read_text())
+    sources = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    folders = [p["folderUid"] for p in boards["providers"] if p.get("folderUid")]
+    dashboards = [load(n)["uid"] for n in NAMES]
+    datasources = [d["uid"] for d in sources["datasources"] if "uid" in d]
+    for uid in (*folders, *dashboards, *datasources):
+        assert GRAFANA_UID.fullmatch(uid), uid
+    assert len(set(folders + dashboards)) == len(folders) + len(dashboards), (folders, dashboards)
+    assert len({p["name"] for p in boards["providers"]}) == len(boards["providers"])
+
+
 def test_compose_mounts_grafana_where_provisioning_expects_it() -> None:
     compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
     services = compose["services"]
