@@ -107,6 +107,20 @@ def _throttling(b: Board) -> None:
     last = [q(f"max by (instance, gpu) (DCGM_FI_DEV_XID_ERRORS{{{G}}})", LEGEND)]
     none = values((0, "none", "green"))
     b.add(stat("Last XID error", XIDS, last, thresholds=thresholds((1, "red")), mappings=none), 8, 10)
+    rows = [
+        q(f"max by (instance, gpu) (DCGM_FI_DEV_{field}{{{G}}})", f"{name} {LEGEND}")
+        for field, name in (
+            ("UNCORRECTABLE_REMAPPED_ROWS", "uncorrectable"),
+            ("CORRECTABLE_REMAPPED_ROWS", "correctable"),
+            ("ROW_REMAP_FAILURE", "remap failed"),
+        )
+    ]
+    desc = (
+        "Memory rows remapped for ECC errors since the GPU was made (kept in its InfoROM), and whether "
+        "remapping failed. Growth of the uncorrectable count, or a failure, fires VLLMGPUMemoryErrors: data "
+        "in memory, weights too, may be wrong until a reset."
+    )
+    b.add(series("Remapped memory rows", desc, rows, min=0), 24)
 
 
 def gpu() -> Json:
@@ -121,6 +135,7 @@ def gpu() -> Json:
         variable("gpu", "DCGM_FI_DEV_GPU_TEMP", "gpu", 'job=~"$job", instance=~"$instance"'),
     ]
     desc = (
-        "GPUs from dcgm-exporter: temperature, power against the limit, utilization, throttle reasons, XIDs."
+        "GPUs from dcgm-exporter: temperature, power against the limit, utilization, throttle reasons, XIDs, "
+        "remapped memory rows."
     )
     return dashboard("vllm-watchdog-gpu", "GPU (dcgm-exporter)", desc, b, variables, [action_annotation("")])

@@ -23,6 +23,8 @@ from rulefiles import threshold
 S = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
 SI = 'job=~"$job", instance=~"$instance"'  # series without model_name: up, vLLM's HTTP counters
 SPEC_OFF = "no drafts (speculative decoding off?)"
+NANS_OFF = "not counted (VLLM_COMPUTE_NANS_IN_LOGITS unset)"
+FINISHED = "vllm:request_success_total"
 HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 WAITING = threshold("VLLMQueueSaturated", "vllm:num_requests_waiting")
@@ -105,7 +107,7 @@ def _throughput(b: Board) -> None:
             "{{finished_reason}} {{instance}}",
         )
     ]
-    desc = "Requests finished per second, by why they finished (stop, length, abort, error)."
+    desc = "Requests finished per second, by why they finished (stop, length, abort, error, repetition)."
     b.add(series("Finished requests/s", desc, done, "reqps"), 8)
     errors = [q(http_5xx("instance"), "{{instance}}")]
     desc = "Share of vLLM's HTTP responses that were 5xx, per instance (0 while all succeed)."
@@ -117,6 +119,27 @@ def _throughput(b: Board) -> None:
         else:
             value, note = line(alert, metric + "_bucket")
             b.add(series(title, desc + note, hist(metric, S), "s", line=value), 6)
+
+
+def _output(b: Board) -> None:
+    """vLLM's own signals that its output is bad: engine errors, repetition finishes, NaN logits."""
+    b.row("Output integrity")
+    done = rate(FINISHED, S, "instance")
+    for title, reason, alert, what in (
+        ("Error finish ratio", "error", "VLLMRequestErrors", "ended in an engine error"),
+        ("Repetition finish ratio", "repetition", "VLLMDegenerateOutput", "stopped on repetition detection"),
+    ):
+        some = rate(FINISHED, f'{S}, finished_reason="{reason}"', "instance")
+        value, note = line(alert, FINISHED)
+        desc = f"Share of finished requests that {what} (finished_reason={reason})." + note
+        share = [q(f"({some} or {done} * 0) / {done}", "{{instance}}")]
+        b.add(series(title, desc, share, "percentunit", min=0, line=value, no_value="no requests"), 8)
+    nans = [q(rate("vllm:corrupted_requests_total", S, "instance"), "{{instance}}")]
+    desc = (
+        "Requests with NaNs in their logits per second: garbage output (VLLMCorruptedRequests). vLLM counts "
+        "them only when it runs with VLLM_COMPUTE_NANS_IN_LOGITS=1."
+    )
+    b.add(series("NaN-logit requests/s", desc, nans, "reqps", no_value=NANS_OFF), 8)
 
 
 def _requests(b: Board) -> None:
@@ -222,6 +245,7 @@ def serving() -> Json:
     b = Board()
     _now(b)
     _throughput(b)
+    _output(b)
     _requests(b)
     _scheduler(b)
     _admission(b)

@@ -35,6 +35,7 @@ ORANGE_FROM_1 = thresholds((1, "orange"))
 OUTCOMES = "succeeded, failed, rolled_back, skipped, would_do, refused"
 BUNDLED = f'alertname=~"{alert_regex()}"'  # the alerts of the bundled rule files, nothing else
 RESPONSES = "vllm_watchdog_gateway_responses_total"
+LAST_CHECK = "vllm_watchdog_known_answer_last_check_timestamp_seconds"
 
 
 def _now(b: Board) -> None:
@@ -222,6 +223,53 @@ def _sessions(b: Board) -> None:
     b.add(bars("Requests by session (since start)", "The top sessions by requests, and other.", top), 12)
 
 
+def _answers(b: Board) -> None:
+    """The known-answer check (per target, with the target's job and instance: not filtered by W) and the
+    quarantine it can lead to (the watchdog's own series)."""
+    b.row("Known answers")
+    ok = [q("vllm_watchdog_known_answer_ok", "{{target}}")]
+    lanes = values((0, "DIVERGED", "red"), (1, "ok", "green"))
+    desc = (
+        "The known-answer check's verdict per target: fixed prompts scored against the baseline learnt from "
+        "the healthy model (absent while it is learnt). VLLMAnswersDiverged fires on DIVERGED."
+    )
+    b.add(timeline("Known answers", desc, ok, lanes, no_value="no verdict yet (learning)"), 8)
+    gap = [
+        q("vllm_watchdog_known_answer_divergence", "divergence {{target}}"),
+        q("vllm_watchdog_known_answer_tolerance", "tolerance {{target}}"),
+    ]
+    desc = (
+        "Largest change of a reference token's logprob from the baseline, in nats, and the tolerance above "
+        "which the answers are wrong (dashed; auto: 4 x the noise measured while learning)."
+    )
+    b.add(series("Divergence against tolerance", desc, gap, min=0, overrides=[dashed("^tolerance .*")]), 8)
+    quarantined = [q(f"count(vllm_watchdog_target_quarantined{{{W}}} == 1) or vector(0)")]
+    desc = (
+        "Targets kept drained because their answers stayed wrong after a restart "
+        "(VLLMWatchdogTargetQuarantined pages); no action restarts them until a person looks."
+    )
+    b.add(stat("Quarantined targets", desc, quarantined, thresholds=thresholds((1, "red"))), 8)
+    age = [q(f"time() - {LAST_CHECK}", "{{target}}")]
+    late = threshold("VLLMAnswersUnchecked", LAST_CHECK)
+    desc = (
+        "Seconds since the last check that probed the target (none while it is paused or asleep). "
+        "Red line: VLLMAnswersUnchecked's threshold."
+    )
+    b.add(series("Since the last check", desc, age, "s", min=0, line=late), 8)
+    cost = [
+        q(f"60 * {rate('vllm_watchdog_known_answer_tokens_total', '', 'target')}", "tokens/min {{target}}"),
+        q(rate("vllm_watchdog_known_answer_checks_total", "", "target, outcome"), "{{outcome}}/s {{target}}"),
+    ]
+    desc = (
+        "Tokens the probes cost per minute (integrity.max_tokens_per_minute caps them), and checks per "
+        "second by outcome (skipped: over the budget)."
+    )
+    b.add(series("Known-answer probe cost", desc, cost), 8)
+    mismatches = [q("vllm_watchdog_known_answer_greedy_mismatches", "{{target}}")]
+    desc = "Prompts whose greedy tokens changed where the baseline had a clear margin (no near tie)."
+    b.add(series("Greedy mismatches", desc, mismatches, min=0), 8)
+
+
 def _self(b: Board) -> None:
     b.row("Targets and the watchdog itself")
     target = "{{job}} {{instance}}"
@@ -275,10 +323,14 @@ def watchdog() -> Json:
     _alerts_actions(b)
     _gateway(b)
     _sessions(b)
+    _answers(b)
     _self(b)
     variables = [
         variable("job", "vllm_watchdog_build_info", "job"),
         variable("instance", "vllm_watchdog_build_info", "instance", 'job=~"$job"'),
     ]
-    desc = "vllm-watchdog: alerts, actions, gateway admission, per-session signals, target health."
+    desc = (
+        "vllm-watchdog: alerts, actions, gateway admission, per-session signals, known answers, target "
+        "health."
+    )
     return dashboard("vllm-watchdog", "vllm-watchdog", desc, b, variables, [action_annotation(W)])

@@ -31,6 +31,8 @@ LINES = {
         "VLLMSpecDecodeAcceptanceLow",
         "instance:vllm_spec_decode_acceptance_ratio:rate10m",
     ),
+    ("vllm-serving.json", "Error finish ratio"): ("VLLMRequestErrors", "vllm:request_success_total"),
+    ("vllm-serving.json", "Repetition finish ratio"): ("VLLMDegenerateOutput", "vllm:request_success_total"),
     ("gpu.json", "Hottest GPU"): ("VLLMGPUHot", "DCGM_FI_DEV_GPU_TEMP"),
     ("gpu.json", "Temperature"): ("VLLMGPUHot", "DCGM_FI_DEV_GPU_TEMP"),
     ("gpu.json", "Closest to its power limit"): ("VLLMGPUPowerCapped", "DCGM_FI_DEV_POWER_USAGE"),
@@ -44,6 +46,10 @@ LINES = {
         "vllm_watchdog_gateway_oldest_in_flight_seconds",
     ),
     ("watchdog.json", "Gateway 5xx ratio"): ("GatewayServerErrors", "vllm_watchdog_gateway_responses_total"),
+    ("watchdog.json", "Since the last check"): (
+        "VLLMAnswersUnchecked",
+        "vllm_watchdog_known_answer_last_check_timestamp_seconds",
+    ),
 }
 
 
