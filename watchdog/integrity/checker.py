@@ -24,7 +24,7 @@ from .config import IntegrityConfig, KnownPrompt
 from .probe import ProbeError, PromptScore, fetch_identity, probe_all
 from .prompts import cost_estimate, prompt_digest, prompt_set
 from .scoring import compare, noise
-from .targetstate import LEARNING, LEARNT, PINNED, TargetIntegrity
+from .targetstate import LEARNT, PINNED, TargetIntegrity
 from .verdict import Verdict, unknown
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class KnownAnswers:
         self.targets = {name: self.targets.get(name) or TargetIntegrity() for name in names}
         for st in self.targets.values():
             if st.baseline is not None and (st.state == PINNED or st.baseline.stale_prompts(self.prompts)):
-                st.baseline, st.state, st.passes = None, LEARNING, []
+                st.forget_baseline()
 
     def status(self, target_name: str) -> TargetIntegrity:
         """A target's known-answer state (a fresh one for a target never checked)."""
@@ -107,6 +107,8 @@ class KnownAnswers:
         async with st.lock:
             outcome, verdict = await self._bounded(self._check(target, st, now))
         st.last = verdict
+        if verdict.ok is not None:
+            st.known = verdict
         if outcome != "skipped":
             st.last_check = now
         if outcome:  # a learning step is no check
@@ -155,7 +157,7 @@ class KnownAnswers:
             details = {"old": st.identity.key, "new": identity.key, "model": identity.served_name}
             log.warning("known answers: the model changed", extra={"target": target.name, **details})
             self.options.on_event(target.name, "model_changed", details)
-            st.baseline, st.state, st.passes = None, LEARNING, []
+            st.forget_baseline()
         st.identity = identity
         if self.pinned_error:
             return unknown(self.pinned_error)

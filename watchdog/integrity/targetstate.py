@@ -25,12 +25,17 @@ class TargetIntegrity:
     identity: ModelIdentity | None = None
     baseline: Baseline | None = None
     last: Verdict | None = None  # the last periodic check's verdict
+    known: Verdict | None = None  # the last verdict that could tell (ok not None) against this baseline
     last_check: float | None = None  # wall-clock time of the last check that probed
     tokens_total: int = 0
     checks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     passes: list[tuple[PromptScore, ...]] = field(default_factory=list)  # while learning
     spent: deque[tuple[float, int]] = field(default_factory=deque)  # (when, tokens) in the budget window
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def forget_baseline(self) -> None:
+        """Learn again: the model changed, or the prompts the baseline was learnt from did."""
+        self.baseline, self.state, self.passes, self.known = None, LEARNING, [], None
 
     def spent_in_window(self, now: float) -> int:
         """Tokens spent in the last BUDGET_WINDOW seconds."""

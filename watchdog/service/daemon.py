@@ -30,6 +30,7 @@ from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
 from ..gateway.control.feed import GatewayFeed
 from ..gateway.control.metrics import exposition
 from ..gateway.control.process import process_link
+from ..integrity.verdict import Verdict
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
@@ -39,6 +40,7 @@ from ..sources.monitor import Monitor, MonitorOptions, client_for
 from .actionplane import ActionPlane
 from .actionwiring import ActionPlaneOptions
 from .clockwatch import ClockWatch
+from .integritywiring import IntegrityWiring, audit_event
 from .loading import load_all
 from .schedule import Job, Schedule
 from .sdstatus import daemon_status
@@ -98,6 +100,9 @@ class Daemon:
         needs = store_needs(rules, config.global_.lookback_delta)
         self.monitor = mon = Monitor(config, self._monitor_options(), needs)
         self.actions = actions = ActionPlane(config, self._action_options(mon))
+        self.integrity = IntegrityWiring(
+            config, mon, self._answers_checked, audit_event(actions.store, self.clock)
+        )
         self.evaluation = RuleEvaluation(config, rules, mon.store, self._evaluation_options())
         self.gateway_feed = GatewayFeed(mon.store)
         registry, self.self_feed = own_metrics(
@@ -109,6 +114,7 @@ class Daemon:
             self.fd_guard,
             self.discovery,
         )
+        registry.register(self.integrity.collector())
         app = build_app(self._api_options(registry))
         self.server = api_server(app, config.listen_host, config.listen_port, self.api_listener)
         self.schedule = Schedule(self.counters, self.clock, self.monotonic)
@@ -181,6 +187,7 @@ class Daemon:
                 jobs.append((f"canary:{name}", functools.partial(mon.probe_canary, name), interval))
         for key in ev.group_keys():
             jobs.append((f"eval:{key[0]};{key[1]}", functools.partial(ev.evaluate, key), ev.interval(key)))
+        jobs += self.integrity.jobs()
         jobs += [("notify", actions.deliver, 1.0), ("actions", actions.tick, 1.0)]
         jobs.append(("api", self.server.tick, 1.0))  # the Date header
         for name, interval in self.discovery.jobs():
@@ -219,6 +226,9 @@ class Daemon:
         if self.scrapelog is not None and snap is not None:  # recorded as a scrape, so `replay` sees it
             body = exposition(snap)
             self.scrapelog.record_scrape(t=now, job=GATEWAY_JOB, instance=snap.target, labels={}, body=body)
+
+    def _answers_checked(self, target: str, verdict: Verdict, now: float) -> None:
+        """Each periodic known-answer verdict: where the remediator's quarantine book hears it."""
 
     async def _feed_self(self, now: float) -> None:
         """The own metrics that rules read go into the store (job="vllm-watchdog"), as a scrape would."""
@@ -286,6 +296,7 @@ class Daemon:
         self.monitor.apply(config, store_needs(rules, config.global_.lookback_delta), now=self.clock())
         self.evaluation.apply(config, rules)
         self.actions.apply(config)
+        self.integrity.apply(config)
         self._schedule(config)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -328,6 +339,7 @@ class Daemon:
             await asyncio.wait_for(server_task, SHUTDOWN_GRACE)
         await self.schedule.cancel_running(SHUTDOWN_GRACE)
         await self.actions.aclose()
+        await self.integrity.aclose()
         self.discovery.close()
         await self.monitor.aclose()
         if self.scrapelog is not None:

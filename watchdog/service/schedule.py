@@ -29,7 +29,7 @@ Sleep = Callable[[float], Awaitable[Any]]
 # The jobs that talk to one target: spread over the interval by the target's name, and run together. Each
 # is a job of its own, so that one slow endpoint (an /is_paused held by a stopped engine core) delays only
 # its own runs: the /health probe next to it keeps its interval.
-_TARGET_KINDS = frozenset({"scrape", "health", "state", "canary"})
+_TARGET_KINDS = frozenset({"scrape", "health", "state", "canary", "integrity"})
 # Discovery reads files and asks APIs, at intervals of its own: spread by its own id.
 _SPREAD_KINDS = frozenset({"discovery"})
 _UPKEEP = "upkeep"
