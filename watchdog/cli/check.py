@@ -44,9 +44,30 @@ def handle(args: argparse.Namespace) -> int:
         )
         for rule_file in config.rule_files:
             print(f"  {rule_file}: OK")
-        if not _check_file_sd(config):
+        if not _check_file_sd(config) or not _check_integrity(config):
             status = EXIT_CONFIG
     return status
+
+
+def _check_integrity(config: Config) -> bool:
+    """The known-answer prompts file (parsed with the config) and the pinned baseline file: it must be a
+    baseline of the prompts as they are now."""
+    from ..errors import Problem
+    from ..integrity.baseline import BaselineError, check_pinned
+    from ..integrity.prompts import prompt_set
+
+    section = config.integrity
+    if section.prompts_file is not None:
+        print(f"  {section.prompts_file}: OK: {len(section.prompts)} known-answer prompts")
+    if section.baseline_file is None:
+        return True
+    try:
+        baseline = check_pinned(section.baseline_file, prompt_set(section))
+    except BaselineError as exc:
+        print_problems(ConfigError([Problem(section.baseline_file, 1, "baseline_file", str(exc))]))
+        return False
+    print(f"  {section.baseline_file}: OK: pinned baseline of {baseline.identity.key}")
+    return True
 
 
 def _check_file_sd(config: Config) -> bool:
