@@ -13,6 +13,7 @@ import pytest
 from tests.support.configs import TOKEN, target, write_config
 from tests.support.vllm_server import free_port
 from tests.support.watchdogproc import poll, start_watchdog
+from vllm_watchdog.cli import main
 from vllm_watchdog.commands.reload import reload_counts, run_reload
 from vllm_watchdog.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
@@ -55,3 +56,21 @@ def test_reload_without_a_daemon_or_a_way_to_ask() -> None:
     assert run_reload(url, token=TOKEN, pid=None, err=err) == EXIT_UNREACHABLE
     assert "cannot reach" in err.getvalue()
     assert run_reload(url, token=None, pid=None, err=err) == EXIT_USAGE
+
+
+def test_reload_and_top_find_the_api_and_token_in_the_config(
+    daemon: tuple[Path, str, int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As amtool reads its config: a watchdog on a port of its own is found from `--config` alone, and the
+    config's api_token authorizes the reload (no VLLM_WATCHDOG_TOKEN, no --url, no --pid)."""
+    cfg, _, _ = daemon
+    monkeypatch.delenv("VLLM_WATCHDOG_TOKEN", raising=False)
+    assert main(["reload", "--config", str(cfg)]) == EXIT_OK
+    assert main(["top", "--once", "--no-color", "--config", str(cfg)]) == EXIT_OK
+    assert "vllm-0" in capsys.readouterr().out
+    assert (
+        main(["reload", "--config", str(cfg), "--url", f"http://127.0.0.1:{free_port()}"]) == EXIT_UNREACHABLE
+    )
+    broken = cfg.parent / "broken.yml"
+    broken.write_text("listen: [\n")
+    assert main(["reload", "--config", str(broken)]) == EXIT_CONFIG

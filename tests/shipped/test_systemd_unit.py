@@ -117,9 +117,18 @@ def test_exec_start_runs_the_cli_with_real_flags() -> None:
         True,
     )
     reload = shlex.split(last(unit, "ExecReload") or "")
-    assert reload == [SHIPPED_BINARY, "reload", "--pid", "$MAINPID"]  # exits non-zero on a rejected config
+    # exits non-zero on a rejected config; finds the API at the config's `listen`
+    assert reload == [
+        SHIPPED_BINARY,
+        "reload",
+        "--config",
+        "/etc/vllm-watchdog/config.yml",
+        "--pid",
+        "$MAINPID",
+    ]
     args = build_parser().parse_args([a.replace("$MAINPID", "1234") for a in reload[1:]])
-    assert (args.command, args.pid, args.url) == ("reload", 1234, "http://127.0.0.1:9460")
+    assert (args.command, args.pid, args.url) == ("reload", 1234, None)
+    assert args.config == "/etc/vllm-watchdog/config.yml"
 
 
 def test_gateway_unit_runs_the_gateway_with_the_same_config_and_runtime_directory() -> None:

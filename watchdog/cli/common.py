@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 CONFIG_HELP = "config file (YAML); omitted: the embedded defaults (one vLLM on 127.0.0.1:8000)"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 API_URL = "http://127.0.0.1:9460"
-API_URL_HELP = "the watchdog's API (its `listen`)"
+API_URL_HELP = "the watchdog's API; default: the `listen` of --config, else http://127.0.0.1:9460"
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -60,3 +60,21 @@ def add_command(
         parser.add_argument("--config", "-c", help=CONFIG_HELP)
     parser.set_defaults(func=func)
     return parser
+
+
+def api_endpoint(args: argparse.Namespace) -> tuple[str, str | None] | None:
+    """The API's URL and token a client command uses: --url, else the `listen` of --config, else API_URL; the
+    token from VLLM_WATCHDOG_TOKEN, else --config's `api_token`. None after printing the config's problems."""
+    token = os.environ.get("VLLM_WATCHDOG_TOKEN") or None
+    if args.config is None:
+        return args.url or API_URL, token
+    from ..config.model import load_config
+
+    try:
+        config = load_config(args.config, os.environ)
+    except ConfigError as exc:
+        print_problems(exc)
+        return None
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(config.listen_host, config.listen_host)
+    url = f"http://[{host}]:{config.listen_port}" if ":" in host else f"http://{host}:{config.listen_port}"
+    return args.url or url, token or config.api_token

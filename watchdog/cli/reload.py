@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from .common import API_URL, API_URL_HELP, add_command
+from ..exitcodes import EXIT_CONFIG
+from .common import API_URL_HELP, add_command, api_endpoint
 
 
 def add_parser(sub: Any) -> None:
@@ -23,9 +23,8 @@ def add_parser(sub: Any) -> None:
         "VLLM_WATCHDOG_TOKEN through POST /-/reload (the problems are printed), else with --pid by SIGHUP, "
         "reading the outcome from /metrics. Exit 0 when applied, 3 when rejected (the old config stays), "
         "4 when the API cannot be reached. systemd's ExecReload runs it, so `systemctl reload` fails too.",
-        config=False,
     )
-    reload.add_argument("--url", default=API_URL, help=API_URL_HELP)
+    reload.add_argument("--url", help=API_URL_HELP)
     reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID), for SIGHUP")
     reload.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the outcome")
 
@@ -34,5 +33,8 @@ def handle(args: argparse.Namespace) -> int:
     """Make a running daemon reload its config; exit non-zero when it rejected it (ExecReload)."""
     from ..commands.reload import run_reload
 
-    token = os.environ.get("VLLM_WATCHDOG_TOKEN") or None
-    return run_reload(args.url, token=token, pid=args.pid, err=sys.stderr, timeout=args.timeout)
+    endpoint = api_endpoint(args)
+    if endpoint is None:
+        return EXIT_CONFIG
+    url, token = endpoint
+    return run_reload(url, token=token, pid=args.pid, err=sys.stderr, timeout=args.timeout)

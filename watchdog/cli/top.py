@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from .common import API_URL, API_URL_HELP, add_command
+from ..exitcodes import EXIT_CONFIG
+from .common import API_URL_HELP, add_command, api_endpoint
 
 
 def add_parser(sub: Any) -> None:
@@ -26,9 +26,8 @@ def add_parser(sub: Any) -> None:
         "comes from VLLM_WATCHDOG_TOKEN. Not on a terminal it prints plain frames, without screen escapes. "
         "With --fleet it shows the watchdog's fleet group instead, as etcd has it. "
         "Exit 0, or 4 if --once cannot read the API (or, with --fleet, etcd behind it).",
-        config=False,
     )
-    top.add_argument("--url", default=API_URL, help=API_URL_HELP)
+    top.add_argument("--url", help=API_URL_HELP)
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     top.add_argument("--once", action="store_true", help="print one frame and exit (4 if unreachable)")
     top.add_argument("--actions", type=int, default=8, help="how many recent actions to show")
@@ -45,14 +44,18 @@ def handle(args: argparse.Namespace) -> int:
     """A live table of targets, gateway, alerts and actions, read from a running watchdog's API."""
     from ..commands.top import run_top
 
+    endpoint = api_endpoint(args)
+    if endpoint is None:
+        return EXIT_CONFIG
+    url, token = endpoint
     color = sys.stdout.isatty() and not args.no_color
     return run_top(
-        args.url,
+        url,
         interval=max(args.interval, 0.1),
         once=args.once,
         out=sys.stdout,
         actions=args.actions,
-        token=os.environ.get("VLLM_WATCHDOG_TOKEN") or None,
+        token=token,
         color=color,
         plain=not sys.stdout.isatty(),
         fleet=args.fleet,
