@@ -14,8 +14,8 @@ import pytest
 from tests.support.faultserver import FaultServer
 from tests.support.vllm_server import ROOT
 from vllm_watchdog.cli import main
-from vllm_watchdog.commands.discover import docker_ports, listening
-from vllm_watchdog.commands.init import parse_ports
+from vllm_watchdog.commands.discover import Discovery, docker_ports, listening
+from vllm_watchdog.commands.init import parse_ports, render
 from vllm_watchdog.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 METRICS = (ROOT / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt").read_text()
@@ -117,3 +117,17 @@ def test_docker_containers_name_their_ports_and_no_engine_is_no_error(tmp_path: 
         server.shutdown()
         server.server_close()
     assert docker_ports(str(tmp_path / "none.sock")) == {}  # Docker is optional: quietly nothing
+
+
+def test_the_listen_address_is_free_or_chosen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """9460 unless something listens there already (another watchdog): then the next free port, said so;
+    `--listen` writes the operator's; what is written passes `check`."""
+    assert "\nlisten: 127.0.0.1:9460 " in render(Discovery(), "c.yml", "h", "now")
+    busy = render(Discovery(taken=frozenset({9460, 9461})), "c.yml", "h", "now")
+    assert "\nlisten: 127.0.0.1:9462 " in busy and "(127.0.0.1:9460 is taken on this host)" in busy
+    out = tmp_path / "c.yml"
+    assert main(["init", "-o", str(out), "--ports", "1", "--listen", "127.0.0.1:9555"]) == EXIT_OK
+    assert "\nlisten: 127.0.0.1:9555 " in out.read_text()
+    assert main(["check", str(out)]) == EXIT_OK
+    assert main(["init", "--ports", "1", "--listen", "9555"]) == EXIT_USAGE
+    assert "--listen: expected HOST:PORT" in capsys.readouterr().err

@@ -27,6 +27,11 @@ def add_parser(sub: Any) -> None:
     )
     init.add_argument("--output", "-o", metavar="FILE", help="write here (never over a file); default stdout")
     init.add_argument("--ports", help="only these ports, e.g. 8000,8080-8089 (default: every listening one)")
+    init.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="the watchdog's own API address (default 127.0.0.1:9460, or the next free port up to 9479)",
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -38,4 +43,12 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"vllm-watchdog init: --ports: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_init(args.output, sys.stdout, sys.stderr, ports=ports)
+    if args.listen is not None and not _host_port(args.listen):
+        print(f"vllm-watchdog init: --listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_init(args.output, sys.stdout, sys.stderr, ports=ports, listen=args.listen)
+
+
+def _host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536 and " " not in host

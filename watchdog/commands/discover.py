@@ -43,6 +43,7 @@ class Discovery:
     duplicates: list[tuple[Found, Found]] = field(default_factory=list)  # (another port, the server it is)
     probed: int = 0
     skipped: int = 0  # candidates beyond MAX_CANDIDATES
+    taken: frozenset[int] = frozenset()  # every port listening on loopback or every address
 
 
 def _ipv4(hex_addr: str) -> str:
@@ -181,7 +182,11 @@ def discover(
     """Probe the listening ports (only `ports`, if given) and name their Docker containers."""
     open_ports = listening(tables)
     wanted = [p for p in _order(open_ports) if ports is None or p in ports]
-    result = Discovery(probed=min(len(wanted), MAX_CANDIDATES), skipped=max(len(wanted) - MAX_CANDIDATES, 0))
+    result = Discovery(
+        probed=min(len(wanted), MAX_CANDIDATES),
+        skipped=max(len(wanted) - MAX_CANDIDATES, 0),
+        taken=frozenset(open_ports),
+    )
     candidates = {p: open_ports[p] for p in wanted[:MAX_CANDIDATES]}
     found = asyncio.run(_probe_all(candidates)) if candidates else []
     containers = docker_ports(docker_socket) if found else {}

@@ -25,7 +25,7 @@ global:
   scrape_interval: 1s          # scrape and /health probe of every target
   evaluation_interval: 1s
 
-listen: 127.0.0.1:9460         # own API and /metrics; keep it on loopback
+listen: {listen}{listen_pad}# own API and /metrics; keep it on loopback{listen_note}
 # The control API (reload, pause, silences: every POST and DELETE) needs VLLM_WATCHDOG_TOKEN set.
 api_token: ${{VLLM_WATCHDOG_TOKEN:-}}
 # Alert state and the action log survive restarts here.
@@ -74,8 +74,18 @@ def _target(f: Found) -> str:
     return "\n".join(lines)
 
 
-def render(found: Discovery, path: str, host: str, when: str) -> str:
-    """The config text for what `discover` found (the default address when nothing answered)."""
+DEFAULT_LISTEN = "127.0.0.1:9460"
+
+
+def default_listen(taken: frozenset[int]) -> str:
+    """127.0.0.1:9460, or the first of 9461-9479 where 9460 is taken (another watchdog, say)."""
+    port = next((p for p in range(9460, 9480) if p not in taken), 9460)
+    return f"127.0.0.1:{port}"
+
+
+def render(found: Discovery, path: str, host: str, when: str, listen: str | None = None) -> str:
+    """The config text for what `discover` found (the default address when nothing answered); `listen`
+    (default: `default_listen`) is the watchdog's own API address."""
     if found.found:
         n = len(found.found)
         summary = f"Found {n} vLLM server{'s' if n > 1 else ''} listening on this host."
@@ -87,7 +97,16 @@ def render(found: Discovery, path: str, host: str, when: str) -> str:
         body += f"\n  # {dup.url} answers as {same.url} does (a proxy, the gateway?): not added"
     if found.skipped:
         body += f"\n  # {found.skipped} more listening ports were not asked (--ports to choose)"
-    head = HEADER.format(host=host, when=when, found=summary, path=path)
+    listen = listen or default_listen(found.taken)
+    note = (
+        ""
+        if listen != default_listen(found.taken) or listen == DEFAULT_LISTEN
+        else f"\n# ({DEFAULT_LISTEN} is taken on this host)"
+    )
+    pad = " " * max(1, 23 - len(listen))
+    head = HEADER.format(
+        host=host, when=when, found=summary, path=path, listen=listen, listen_pad=pad, listen_note=note
+    )
     return head + body + "\n" + FOOTER.format()
 
 
@@ -104,7 +123,13 @@ def parse_ports(spec: str) -> set[int]:
 
 
 def run_init(
-    output: str | None, out: TextIO, err: TextIO, *, ports: set[int] | None = None, proc: str = "/proc/net"
+    output: str | None,
+    out: TextIO,
+    err: TextIO,
+    *,
+    ports: set[int] | None = None,
+    proc: str = "/proc/net",
+    listen: str | None = None,
 ) -> int:
     """Write the config to `output` (refusing to overwrite) or `out`; the exit status (exitcodes)."""
     if output is not None and os.path.lexists(output):
@@ -113,7 +138,7 @@ def run_init(
     docker = os.environ.get("DOCKER_HOST", "").removeprefix("unix://") or DOCKER_SOCKET
     found = discover(proc_tables(proc), ports, docker_socket=docker)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    text = render(found, output or "config.yml", socket.gethostname(), when)
+    text = render(found, output or "config.yml", socket.gethostname(), when, listen)
     if output is None:
         out.write(text)
     else:
