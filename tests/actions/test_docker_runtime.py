@@ -17,6 +17,7 @@ from docker.types import LogConfig, Mount, Ulimit
 from tests.support.docker_engine import (
     ServerContainers,
     host_binds,
+    remove_container,
     session_labels,
     unique_name,
     wait_exited,
@@ -28,6 +29,7 @@ from vllm_watchdog.actions.runtimes.docker import (
     create_request,
     launch_from_inspect,
 )
+from vllm_watchdog.actions.runtimes.exits import ExitStatus
 from vllm_watchdog.actions.runtimes.runtime import Launch
 from vllm_watchdog.errors import ActionError, RefusedError
 
@@ -361,3 +363,40 @@ async def test_errors_are_action_errors_and_touch_nothing(
     with pytest.raises(ActionError, match="no answer from the Docker engine"):
         await unreachable.is_running()
     await unreachable.close()
+
+
+# The first run writes vLLM's engine-death lines and exits 0 (vLLM #48966); the next exits 0 cleanly.
+DIES_THEN_STOPS = """
+import os, sys
+first = not os.path.exists("/w/ran")
+open("/w/ran", "w").close()
+print("EngineCore encountered a fatal error." if first else "Shutting down FastAPI HTTP server.", flush=True)
+"""
+
+
+async def test_an_exit_0_after_an_engine_death_is_a_crash_docker_leaves_down(
+    docker_client: Any, hostroot_image: str, tmp_path: Path
+) -> None:
+    """Docker's on-failure policy leaves it down; the watchdog respawns it. Only that run's log counts."""
+    name = unique_name("dies")
+    docker_client.containers.run(
+        hostroot_image,
+        name=name,
+        entrypoint=["/usr/bin/python3", "-c", DIES_THEN_STOPS],
+        volumes=[*host_binds(), f"{tmp_path}:/w:rw"],
+        network_mode="host",
+        labels=session_labels(),
+        restart_policy={"Name": "on-failure", "MaximumRetryCount": 3},
+        detach=True,
+    )
+    runtime = DockerRuntime("t", name, docker_client)
+    try:
+        assert wait_exited(docker_client, name, 60)["ExitCode"] == 0
+        status = await runtime.exit_status()
+        assert status == ExitStatus(0, "EngineCore encountered a fatal error", respawn=True), status
+        docker_client.containers.get(name).start()
+        wait_exited(docker_client, name, 60)
+        runtime = DockerRuntime("t", name, docker_client)  # a fresh reading, not the last one
+        assert await runtime.exit_status() == ExitStatus(0, respawn=False)  # a clean stop, left alone
+    finally:
+        remove_container(docker_client, name)

@@ -17,12 +17,14 @@ import pytest
 
 from tests.support.clock import Clock
 from tests.support.vllm_server import free_port
-from vllm_watchdog.actions.pipeline.supervisor import retire_child
+from vllm_watchdog.actions.pipeline.supervisor import respawn, retire_child
 from vllm_watchdog.actions.runtimes.args import set_args
+from vllm_watchdog.actions.runtimes.exits import ExitStatus
 from vllm_watchdog.actions.runtimes.process import EXIT_UNKNOWN, MARKER_ENV, ProcessRuntime
 from vllm_watchdog.actions.runtimes.procfs import read_stat
 from vllm_watchdog.actions.runtimes.runtime import Launch
 from vllm_watchdog.actions.store.actionstore import ActionStore
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ActionError
 
 pytestmark = pytest.mark.anyio
@@ -458,3 +460,37 @@ async def test_a_removed_targets_child_is_stopped_unless_actions_may_not_touch_i
         "succeeded",
     )
     assert f"its vLLM process {pid} was stopped" in row.reason
+
+
+DEATH = (
+    "ERROR 11-28 07:12:01 [core.py:1512] EngineCore encountered a fatal error.\n"
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+    "for the root cause.\n"
+    "INFO 11-28 07:12:02 [launcher.py:110] Shutting down FastAPI HTTP server.\n"
+)
+
+
+async def test_an_exit_0_after_an_engine_death_is_a_crash_and_respawned(
+    tmp_path: Path, make: Callable[..., ProcessRuntime]
+) -> None:
+    """vLLM #48966: the engine died and the server exited 0. The run's own log says it was a crash; a later
+    run that exits 0 cleanly is not blamed for the lines of the one before (same log file)."""
+    target = parse_config("targets: [{name: vllm-0, url: 'http://127.0.0.1:1'}]", "c.yml", env={}).targets[0]
+    say = f"import sys; sys.stdout.write({DEATH!r})"
+    dead = make(command=[sys.executable, "-c", say])
+    await dead.ensure_running()
+    await until(lambda: dead.exit_code() is not None)
+    status = await dead.exit_status()
+    assert status == ExitStatus(0, "EngineDeadError") and status.crashed
+    assert status.describe() == 'exited with status 0 after "EngineDeadError" (a crash)'
+    job = await respawn(target, dead)
+    assert job is not None and (job.labels["exit_code"], job.labels["crash"]) == ("0", "true")
+
+    clean = make(command=[sys.executable, "-c", "print('INFO shutting down')"])
+    await clean.ensure_running()
+    await until(lambda: clean.exit_code() is not None)
+    status = await clean.exit_status()
+    assert status == ExitStatus(0) and not status.crashed
+    job = await respawn(target, clean)  # the watchdog owns the child: started again all the same
+    assert job is not None and job.labels["crash"] == "false"
+    assert await respawn(target, make()) is None  # never started: nothing exited

@@ -42,7 +42,7 @@ if verb == "show":
     if u is not None:
         values = {"Id": u["names"][0], "Names": " ".join(u["names"]), "LoadState": "loaded",
                   "ExecMainStartTimestampMonotonic": str(u["main_usec"]),
-                  "ActiveEnterTimestampMonotonic": str(u.get("enter_usec", 0))}
+                  "ActiveEnterTimestampMonotonic": str(u.get("enter_usec", 0)), **u.get("props", {})}
     for arg in args:
         if arg.startswith("--property="):
             name = arg.split("=", 1)[1]
@@ -211,3 +211,55 @@ async def test_missing_systemctl_is_an_action_error(tmp_path: Path) -> None:
     rt = SystemdRuntime("vllm-0", "vllm.service", systemctl=[str(tmp_path / "no-systemctl")])
     with pytest.raises(ActionError, match="cannot run"):
         await rt.is_running()
+
+
+JOURNALCTL = r"""
+import json, sys
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps(sys.argv[2:]) + "\n")
+sys.stdout.write(open(sys.argv[1] + ".out").read())
+"""
+INVOCATION = "0123456789abcdef0123456789abcdef"
+EXITED_0 = {"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}
+
+
+@pytest.mark.parametrize(
+    ("props", "journal", "crashed", "respawn"),
+    [
+        ({**EXITED_0, "Restart": "on-failure"}, "EngineCore encountered a fatal error.\n", True, True),
+        ({**EXITED_0, "Restart": "always"}, "EngineDeadError\n", True, False),  # systemd starts it again
+        ({**EXITED_0, "Restart": "no"}, "Shutting down FastAPI HTTP server.\n", False, False),  # a stop
+        # systemd's own stop (SIGTERM) is a clean end; a SIGKILL is not, and is left to Restart= and the routes
+        ({**EXITED_0, "ExecMainCode": "2", "ExecMainStatus": "15"}, "", False, False),
+        (
+            {"ActiveState": "failed", "Result": "signal", "ExecMainCode": "2", "ExecMainStatus": "9"},
+            "",
+            True,
+            False,
+        ),
+    ],
+)
+async def test_an_exit_is_classified_from_the_units_state_and_its_runs_journal(
+    systemd: Systemd, tmp_path: Path, props: dict[str, str], journal: str, crashed: bool, respawn: bool
+) -> None:
+    (tmp_path / "journalctl.py").write_text(JOURNALCTL)
+    (tmp_path / "journal.out").write_text(journal)
+    systemd.unit(state="inactive", props={**props, "InvocationID": INVOCATION})
+    journalctl = [sys.executable, str(tmp_path / "journalctl.py"), str(tmp_path / "journal")]
+    status = await runtime(systemd, journalctl=journalctl).exit_status()
+    assert status is not None and (status.crashed, status.respawn) == (crashed, respawn), status
+    (call,) = map(json.loads, (tmp_path / "journal").read_text().splitlines())
+    assert call[-1] == f"_SYSTEMD_INVOCATION_ID={INVOCATION}" and "-n" in call  # that run's lines, bounded
+
+
+async def test_an_active_unit_has_no_exit_and_is_asked_at_most_every_5s(systemd: Systemd) -> None:
+    now = [160.0]
+    rt = SystemdRuntime("vllm-0", "vllm.service", systemctl=systemd.command, monotonic=lambda: now[0])
+    systemd.unit(props={"ActiveState": "active", "InvocationID": INVOCATION})
+    assert await rt.exit_status() is None
+    systemd.unit(state="inactive", props={**EXITED_0, "InvocationID": INVOCATION})
+    assert await rt.exit_status() is None  # the last reading, not a new systemctl show
+    assert len(systemd.calls("show")) == 1
+    now[0] += 5.0
+    status = await rt.exit_status()
+    assert status is not None and status.code == 0 and len(systemd.calls("show")) == 2

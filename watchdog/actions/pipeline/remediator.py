@@ -331,12 +331,12 @@ class Remediator(OperatorControls):
 
     # -- periodic ----------------------------------------------------------------------------
     async def tick(self, now: float) -> None:
-        """Queue due restores, respawn dead children (process mode), resend or resolve own alerts."""
+        """Queue due restores, respawn dead servers (supervisor.respawn), resend or resolve own alerts."""
         for target in self.config.targets:
             for job in self.restores.due(target, self.config.actions.values(), now):
                 self.enqueue(job)
             if self.jobs.idle(target.name):
-                respawned = respawn(target, self.runtimes.get(target.name))
+                respawned = await respawn(target, self.runtimes.get(target.name))
                 if respawned is not None:
                     self.enqueue(respawned)
             if self.jobs.idle(target.name):

@@ -1,5 +1,6 @@
-"""Process mode's supervision: a vLLM child that died on its own is started again, under the same rails as
-any restart; the child of a target that left the config is stopped."""
+"""The supervision: a vLLM child that died on its own is started again, under the same rails as any restart
+(in Docker and systemd mode only an engine death that exited 0, which their own restart policies miss); the
+child of a target that left the config is stopped."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ...config.targets import TargetConfig
 from ...errors import ActionError
 from ..config import ActionConfig, Budget
 from ..kinds.server import RESTART
+from ..runtimes.exits import ExitStatus
 from ..runtimes.process import ProcessRuntime
 from ..runtimes.runtime import Runtime
 from ..store.actionstore import ActionStore
@@ -29,17 +31,25 @@ RESPAWN = ActionConfig(
 )
 
 
-def respawn(target: TargetConfig, runtime: Runtime | None) -> Job | None:
-    """The job that starts the target's child again if it exited on its own; None while it runs, or for a
-    runtime that supervises no child."""
-    exit_code = getattr(runtime, "exit_code", None)
-    if not callable(exit_code):
+async def respawn(target: TargetConfig, runtime: Runtime | None) -> Job | None:
+    """The job that starts the target's server again if it exited on its own and nothing else will (the
+    runtime's exit_status says: a process-mode child always; in Docker and systemd mode the crash that reads
+    as a clean stop, see runtimes/exits.py); None while it runs, or for a runtime that cannot say.
+
+    A crash counts as one whatever its status (vLLM's engine can die and the server exit 0): its respawn
+    runs under RESPAWN's budget, backoff and crash-loop rails, and a respawn whose server is not ready
+    within its ready_timeout is a failed start (the backoff rail spaces the next)."""
+    exit_status = getattr(runtime, "exit_status", None)
+    if not callable(exit_status):
         return None
-    code = exit_code()
-    if code is None:
+    status: ExitStatus | None = await exit_status()
+    if status is None or not status.respawn:
         return None
-    log.error("vLLM exited on its own", extra={"target": target.name, "exit_code": code})
-    return Job(RESPAWN, target, {"target": target.name, "exit_code": str(code)}, "supervisor")
+    code = "unknown" if status.code is None else str(status.code)
+    how = status.describe()
+    log.error("vLLM exited on its own", extra={"target": target.name, "exit_code": code, "exit": how})
+    labels = {"target": target.name, "exit_code": code, "crash": str(status.crashed).lower(), "exit": how}
+    return Job(RESPAWN, target, labels, "supervisor")
 
 
 RETIRE_STOP_TIMEOUT = 90.0  # SIGTERM, then SIGKILL after this long (a restart's default stop_timeout)

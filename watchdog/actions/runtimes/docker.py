@@ -26,6 +26,7 @@ from docker.errors import APIError, DockerException, NotFound
 from ...errors import ActionError, RefusedError
 from ...formats.rfc3339 import parse_rfc3339
 from ..incidents.bounded import last_lines
+from .exits import LOG_BYTES, LOG_LINES, ExitStatus, ExitWatch, docker_exit, engine_death
 from .runtime import Launch, LogTail, ServerPid
 
 log = logging.getLogger("vllm_watchdog.actions.docker")  # the name logs have always carried
@@ -153,6 +154,7 @@ class DockerRuntime:
         self._client = client
         self._monotonic = monotonic  # times `docker stop` for the log; a wall-clock jump would skew it
         self._lock = asyncio.Lock()
+        self.exit_status = ExitWatch(self._read_exit, monotonic)  # how the last run ended, every 5 s at most
 
     # -- the Runtime protocol -------------------------------------------------------------------
 
@@ -217,11 +219,30 @@ class DockerRuntime:
             return LogTail(source, problem=_explain(exc))
         return LogTail(source, tuple(last_lines(data, lines, cut)))
 
-    def _logs(self, lines: int, max_bytes: int) -> tuple[bytes, bool]:
+    async def _read_exit(self) -> ExitStatus | None:
+        """exits.docker_exit of the container, with its last run's log; None if running, absent or unknown."""
+        try:
+            return await asyncio.to_thread(self._exit_status)
+        except (DockerException, OSError) as exc:
+            log.warning("docker inspect of %r: %s", self.container, _explain(exc))
+            return None
+
+    def _exit_status(self) -> ExitStatus | None:
+        found = self._find(self.container)
+        attrs = found.attrs if found is not None else {}
+        policy = str(((attrs.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "")
+        if found is None or docker_exit(attrs["State"], policy, "") is None:
+            return None
+        since = _parse_time(str(attrs["State"].get("StartedAt", "")))  # that run's lines only
+        data, cut = self._logs(LOG_LINES, LOG_BYTES, since)
+        return docker_exit(attrs["State"], policy, engine_death(last_lines(data, LOG_LINES, cut)))
+
+    def _logs(self, lines: int, max_bytes: int, since: float | None = None) -> tuple[bytes, bool]:
         found = self._require(self.container)
         data, cut = bytearray(), False
         # Docker splits lines longer than 16 KiB, so `tail` lines are a bounded read; the newest come last.
-        for chunk in found.logs(stdout=True, stderr=True, tail=lines, stream=True, follow=False):
+        more = {"since": since} if since is not None else {}
+        for chunk in found.logs(stdout=True, stderr=True, tail=lines, stream=True, follow=False, **more):
             data += chunk
             if len(data) > max_bytes:
                 del data[: len(data) - max_bytes]

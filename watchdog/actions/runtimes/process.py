@@ -28,6 +28,7 @@ from typing import Any
 from ...errors import ActionError
 from ...statehealth import PRIVATE_FILE
 from ..incidents.bounded import last_lines, read_tail
+from .exits import LOG_BYTES, LOG_LINES, ExitStatus, engine_death
 from .processstate import ProcessState, read_state, write_state
 from .procfs import Child, marked_leader, read_stat
 from .runtime import Launch, LogTail, ServerPid
@@ -65,6 +66,7 @@ class ProcessRuntime:
         self._child: Child | None = None
         self._stopped_by_us = False
         self._log_path = log_path
+        self._log_start = 0  # the log file's size when the child started: its run's lines come after
         self._clock = clock
         self._base_env = base_env
         self._lock = asyncio.Lock()
@@ -99,6 +101,21 @@ class ProcessRuntime:
         if child.popen is not None:
             return child.popen.poll()
         return None if child.alive() else EXIT_UNKNOWN
+
+    async def exit_status(self) -> ExitStatus | None:
+        """How a child that ended on its own ended: its exit_code() and the engine-death line of its run's
+        log (a bounded tail); None while it runs, after stop(), or when there is no child."""
+        code = self.exit_code()
+        if code is None:
+            return None
+        death = ""
+        if self._log_path is not None:
+            try:
+                data, cut = await asyncio.to_thread(_read_run, self._log_path, self._log_start, LOG_BYTES)
+                death = engine_death(last_lines(data, LOG_LINES, cut))
+            except OSError as exc:
+                log.warning("target %s: cannot read %s: %s", self.target, self._log_path, exc)
+        return ExitStatus(code, death)
 
     async def stop(self, timeout: float) -> None:
         """SIGTERM the child's session, SIGKILL what is left after `timeout`, wait until it is gone."""
@@ -215,6 +232,7 @@ class ProcessRuntime:
                 out: Any = None
                 if self._log_path is not None:
                     fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+                    self._log_start = os.fstat(fd).st_size
                     out = stack.enter_context(os.fdopen(fd, "ab"))
                 return subprocess.Popen(
                     list(launch.args),
@@ -327,3 +345,13 @@ class ProcessRuntime:
         if leader is None:
             return None
         return Child(leader.pid, leader.start_ticks, self._clock(), self._launch.args)
+
+
+def _read_run(path: str, start: int, max_bytes: int) -> tuple[bytes, bool]:
+    """What the file holds after offset `start`, at most its last `max_bytes`; and whether some was cut."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        start = 0 if start > size else start  # shorter than when the run began: rotated, read it all
+        begin = max(start, size - max_bytes)
+        f.seek(begin)
+        return f.read(max_bytes), begin > start

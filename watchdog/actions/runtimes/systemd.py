@@ -18,6 +18,15 @@ from collections.abc import Callable, Sequence
 
 from ...errors import ActionError, RefusedError
 from ..incidents.bounded import run_command
+from .exits import (
+    LOG_BYTES,
+    LOG_LINES,
+    SYSTEMD_PROPERTIES,
+    ExitStatus,
+    ExitWatch,
+    engine_death,
+    systemd_exit,
+)
 from .runtime import Launch, LogTail, ServerPid
 
 log = logging.getLogger("vllm_watchdog.actions.systemd")  # the name logs have always carried
@@ -25,6 +34,7 @@ log = logging.getLogger("vllm_watchdog.actions.systemd")  # the name logs have a
 _UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
 _RUNNING = frozenset({"active", "reloading", "activating", "deactivating"})
 _RESTART_ONLY = "systemd mode supports restart only"
+_INVOCATION = re.compile(r"^[0-9a-f]{32}$")
 
 
 class SystemdRuntime:
@@ -42,6 +52,7 @@ class SystemdRuntime:
         monotonic: Callable[[], float] = time.monotonic,
         command_timeout: float = 30.0,
         start_timeout: float = 300.0,
+        journalctl: Sequence[str] | None = None,  # None: the journalctl on PATH, if any
     ) -> None:
         if not _UNIT.match(unit) or unit.startswith("-"):
             raise RefusedError(f"target {target}: {unit!r} is not a systemd unit name")
@@ -52,6 +63,8 @@ class SystemdRuntime:
         self._monotonic = monotonic  # CLOCK_MONOTONIC: the clock of systemd's *Monotonic timestamps
         self._command_timeout = command_timeout
         self._start_timeout = start_timeout
+        self._journalctl = tuple(journalctl) if journalctl is not None else None
+        self.exit_status = ExitWatch(self._read_exit, monotonic)  # how the last run ended, every 5 s at most
 
     # -- Runtime ----------------------------------------------------------------------------
 
@@ -131,17 +144,35 @@ class SystemdRuntime:
 
     async def log_tail(self, lines: int, max_bytes: int) -> LogTail:
         """The unit's journal (journalctl -u), where journalctl exists."""
-        source = f"journalctl -u {self.unit}"
-        journalctl = shutil.which("journalctl")
-        if journalctl is None:
+        return await self._journal(f"journalctl -u {self.unit}", lines, max_bytes, "-u", self.unit)
+
+    async def _read_exit(self) -> ExitStatus | None:
+        """How the unit's last run ended (exits.systemd_exit, with the engine-death line of that run's
+        journal, `journalctl _SYSTEMD_INVOCATION_ID=`); None while it runs, or if systemctl fails."""
+        try:
+            props = await self._show(*SYSTEMD_PROPERTIES)
+        except ActionError as exc:
+            log.warning("%s", exc)
+            return None
+        invocation = props.get("InvocationID", "")
+        if systemd_exit(props, "") is None or not _INVOCATION.match(invocation):
+            return None
+        match = f"_SYSTEMD_INVOCATION_ID={invocation}"
+        tail = await self._journal(f"journalctl {match}", LOG_LINES, LOG_BYTES, match)
+        return systemd_exit(props, engine_death(tail.lines))
+
+    async def _journal(self, source: str, lines: int, max_bytes: int, *select: str) -> LogTail:
+        found = shutil.which("journalctl")
+        journalctl = self._journalctl or ((found,) if found else ())
+        if not journalctl:
             return LogTail(source, problem="journalctl is not installed: no journal to read", absent=True)
-        argv = [journalctl, "--no-pager", "-o", "short-iso", "-n", str(lines), "-u", self.unit]
+        argv = [*journalctl, "--no-pager", "-o", "short-iso", "-n", str(lines), *select]
         try:
             out = await run_command(argv, max_bytes)
         except OSError as exc:
             return LogTail(source, problem=f"cannot run journalctl: {exc.strerror or exc}")
         if out.code != 0 and not out.truncated:
-            return LogTail(source, problem=out.problem(journalctl))
+            return LogTail(source, problem=out.problem(journalctl[0]))
         return LogTail(source, tuple(out.stdout.decode(errors="replace").splitlines()[-lines:]))
 
     # -- systemctl --------------------------------------------------------------------------
