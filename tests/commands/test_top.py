@@ -110,8 +110,8 @@ def test_frame_shows_targets_gateway_alerts_actions_and_breakers() -> None:
     frame = render(snapshot(), NOW)
     lines = frame.splitlines()
     row = next(ln.split() for ln in lines if ln.startswith("vllm-0"))
-    # TARGET UP HEALTH(ok 2ms) CANARY(FAIL) RUN WAIT KV GEN SPEC
-    assert row == ["vllm-0", "up", "ok", "2ms", "FAIL", "4", "4", "12.5%", "50", "0.90"], row
+    # TARGET UP HEALTH(ok 2ms) CANARY(FAIL) RUN WAIT KV GEN SPEC ANSWERS(- : an API without known answers)
+    assert row == ["vllm-0", "up", "ok", "2ms", "FAIL", "4", "4", "12.5%", "50", "0.90", "-"], row
     assert "in-flight/cap 8/8 (ceiling 32)  queue 23  draining no" in frame
     assert any("breaker open" in ln and "session agent-loop" in ln and "95s left" in ln for ln in lines)
     assert "ALERTS  1 firing, 1 pending" in frame
@@ -135,9 +135,38 @@ def test_missing_pieces_render_as_dashes_and_notes() -> None:
     bare = snapshot(gateway=None, alerts=[], actions={"history": []}, series={})
     frame = render(bare, NOW)
     row = next(ln.split() for ln in frame.splitlines() if ln.startswith("vllm-0"))
-    assert row[5:] == ["-", "-", "-", "-", "-"]
+    assert row[5:] == ["-", "-", "-", "-", "-", "-"]
     assert "GATEWAY  none configured" in frame
     assert "ALERTS  0 firing, 0 pending" in frame and "none yet" in frame
+
+
+def _with_answers(**own: Any) -> Snapshot:
+    """The snapshot with one more target whose `watchdog` object carries these known-answer fields."""
+    base = snapshot()
+    extra = {
+        "labels": {"instance": "vllm-1", "job": "vllm"},
+        "health": "up",
+        "watchdog": {"name": "vllm-1", **own},
+    }
+    return snapshot(targets=[*base.targets, extra])
+
+
+def test_known_answers_column_shows_learning_ok_diverged_quarantined_and_off() -> None:
+    def cell(**own: Any) -> str:
+        frame = render(_with_answers(**own), NOW)
+        return next(ln for ln in frame.splitlines() if ln.startswith("vllm-1")).split("  ")[-1].strip()
+
+    learning = {"state": "learning", "divergence": None, "tolerance": 0.01}
+    ok = {"state": "ok", "divergence": 0.0021, "tolerance": 0.01}
+    wrong = {"state": "diverged", "divergence": 0.3127, "tolerance": 0.0128}
+    assert cell(knownAnswers=learning, quarantined=False) == "learning"
+    assert cell(knownAnswers=ok, quarantined=False) == "ok 0.0021/0.01"
+    assert cell(knownAnswers=wrong, quarantined=False) == "DIVERGED 0.313/0.0128"
+    assert cell(knownAnswers=wrong, quarantined=True) == "QUARANTINED"
+    assert cell(knownAnswers={"state": "unknown"}, quarantined=False) == "unknown"
+    assert cell(knownAnswers=None, quarantined=False) == "off"  # not checked (no canary)
+    coloured = render(_with_answers(knownAnswers=wrong, quarantined=False), NOW, color=True)
+    assert "\x1b[31mDIVERGED 0.313/0.0128" in coloured
 
 
 def test_counter_windows_handle_resets_and_empty_drafts() -> None:

@@ -1,10 +1,16 @@
 """`GET /api/v1/targets` in Prometheus 2.42's shape: each scrape target (vLLM servers, GPU exporters)
 as an active target, plus the watchdog's own view of a vLLM target (probes, canary, the discovery that found
-it) under `watchdog`. A discovered target's `discoveredLabels` are what its discovery found (`__meta_*`
-among them), as Prometheus shows them."""
+it, its known answers and quarantine) under `watchdog`. A discovered target's `discoveredLabels` are what its
+discovery found (`__meta_*` among them), as Prometheus shows them.
+
+The known answers and the quarantine are read from the sample store, where the known-answer check writes
+`vllm_watchdog_known_answer_*` under the target's labels and the own feed writes
+`vllm_watchdog_target_quarantined{target}` (while a rule reads it: the bundled rules do)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -12,6 +18,10 @@ from ..config.durations import format_duration
 from ..formats.rfc3339 import MICROSECONDS, format_rfc3339, micros
 from ..sources.monitor import Monitor
 from ..sources.scrape import ScrapeStatus, ScrapeTarget
+from ..store import Labels, SampleStore, is_stale
+
+KNOWN_ANSWER = "vllm_watchdog_known_answer_"
+QUARANTINED = "vllm_watchdog_target_quarantined"
 
 
 def _micros(t: float | None) -> int | None:
@@ -51,6 +61,66 @@ def _target(
     }
 
 
+def _of_target(name: str, labels: dict[str, str]) -> Callable[[Labels], bool]:
+    """Whether a series is about the target: its `target` label names it, or, without one, its job and
+    instance are the target's."""
+    job, instance = labels.get("job"), labels.get("instance")
+
+    def keep(series: Labels) -> bool:
+        own = dict(series)
+        if "target" in own:
+            return own["target"] == name
+        return own.get("job") == job and own.get("instance") == instance
+
+    return keep
+
+
+def _newest(store: SampleStore, name: str, keep: Callable[[Labels], bool]) -> tuple[Labels, float] | None:
+    """The labels and value of the newest live sample among the series of `name` that `keep` accepts."""
+    best: tuple[int, Labels, float] | None = None
+    for series in store.select(name, keep):
+        if not series.ts or is_stale(series.vals[-1]):
+            continue
+        if best is None or series.ts[-1] > best[0]:
+            best = (series.ts[-1], series.labels, series.vals[-1])
+    return None if best is None else (best[1], best[2])
+
+
+def known_answers_json(store: SampleStore, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
+    """The target's known-answer state from its `vllm_watchdog_known_answer_*` series; None where it is not
+    checked. `state`: learning (no baseline yet), ok, diverged, or unknown (the last check could not tell)."""
+    keep = _of_target(name, labels)
+    baseline = _newest(store, KNOWN_ANSWER + "baseline_info", keep)
+    if baseline is None:
+        return None
+
+    def value(suffix: str) -> float | None:
+        found = _newest(store, KNOWN_ANSWER + suffix, keep)
+        return None if found is None or not math.isfinite(found[1]) else found[1]
+
+    ok, learnt = value("ok"), dict(baseline[0]).get("state", "")
+    if ok is None:
+        state = "learning" if learnt == "learning" else "unknown"
+    else:
+        state = "ok" if ok == 1 else "diverged"
+    mismatches, last = value("greedy_mismatches"), value("last_check_timestamp_seconds")
+    return {
+        "state": state,
+        "baseline": learnt,
+        "identity": dict(baseline[0]).get("identity", ""),
+        "divergence": value("divergence"),
+        "tolerance": value("tolerance"),
+        "greedyMismatches": None if mismatches is None else int(mismatches),
+        "lastCheck": None if last is None else format_rfc3339(micros(last), MICROSECONDS),
+    }
+
+
+def quarantined(store: SampleStore, name: str) -> bool:
+    """Whether the target is quarantined, by its newest `vllm_watchdog_target_quarantined` sample."""
+    found = _newest(store, QUARANTINED, lambda series: dict(series).get("target") == name)
+    return found is not None and found[1] == 1
+
+
 def targets_json(monitor: Monitor, scrape_pool: str = "", state: str = "") -> dict[str, Any]:
     """`data` of /api/v1/targets: active targets by pool, filtered by `scrapePool` and `state`."""
     g = monitor.config.global_
@@ -77,6 +147,8 @@ def targets_json(monitor: Monitor, scrape_pool: str = "", state: str = "") -> di
             "canary": None
             if canary is None
             else {"success": canary.ok, "latency": canary.latency, "lastError": canary.last_error},
+            "knownAnswers": known_answers_json(monitor.store, rt.config.name, rt.labels),
+            "quarantined": quarantined(monitor.store, rt.config.name),
         }
         out.append((pool, entry))
     for exporter in monitor.exporters.values():  # the GPU exporters, each in its job's pool

@@ -65,3 +65,27 @@ def table(rows: Sequence[Sequence[tuple[str, str | None]]], color: bool) -> list
         cells = [paint(text.ljust(w), c, color) for (text, c), w in zip(row, widths, strict=True)]
         out.append("  ".join(cells).rstrip())
     return out
+
+
+def _nats(value: Any) -> str:
+    return "?" if value is None else f"{float(value):.3g}"
+
+
+def answers_cell(own: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A target's known-answer state from the API's `watchdog` object: QUARANTINED, DIVERGED with the
+    divergence over the tolerance (nats), ok with the divergence under it, learning, off (not checked), or "-"
+    (an API without the field)."""
+    if own.get("quarantined"):
+        return ("QUARANTINED", "red")
+    if "knownAnswers" not in own:
+        return ("-", None)
+    doc = own["knownAnswers"]
+    if not doc:
+        return ("off", "dim")
+    state = doc.get("state")
+    gap = f"{_nats(doc.get('divergence'))}/{_nats(doc.get('tolerance'))}"
+    if state == "diverged":
+        return (f"DIVERGED {gap}", "red")
+    if state == "ok":
+        return (f"ok {gap}", "green")
+    return (str(state or "unknown"), "dim" if state == "learning" else "yellow")

@@ -19,7 +19,7 @@ import httpx
 
 from ..exitcodes import EXIT_OK, EXIT_UNREACHABLE
 from ..formats.rfc3339 import parse_rfc3339
-from .screen import CLEAR, TopError, age_text, api_data, api_get, clock_text, paint, table
+from .screen import CLEAR, TopError, age_text, answers_cell, api_data, api_get, clock_text, paint, table
 from .topfleet import fetch_fleet, render_fleet
 
 SERIES = (
@@ -149,7 +149,7 @@ def _probe(doc: Mapping[str, Any] | None, key: str) -> tuple[str, str | None]:
 
 
 def _target_rows(snap: Snapshot, now: float) -> list[list[tuple[str, str | None]]]:
-    head = ("TARGET", "UP", "HEALTH", "CANARY", "RUN", "WAIT", "KV", "GEN TOK/S", "SPEC ACC")
+    head = ("TARGET", "UP", "HEALTH", "CANARY", "RUN", "WAIT", "KV", "GEN TOK/S", "SPEC ACC", "ANSWERS")
     rows: list[list[tuple[str, str | None]]] = [[(h, "bold") for h in head]]
     for t in snap.targets:
         own = t.get("watchdog") or {}
@@ -170,6 +170,7 @@ def _target_rows(snap: Snapshot, now: float) -> list[list[tuple[str, str | None]
                 (_fmt(None if kv is None else kv * 100, ".1f", "%"), None),
                 (_fmt(token_rate(snap, name, now), ".0f"), None),
                 (_fmt(acc, ".2f"), "red" if acc is not None and acc < 0.5 else None),
+                answers_cell(own),
             ]
         )
     return rows
