@@ -52,6 +52,9 @@ WATCHDOG_JOB = "vllm-watchdog"
 SESSIONS = ("agent-a", "agent-b", "agent-c")  # top_k 2: one of them lands in session="other"
 SETUPS = ("monitoring", "gateway", "remediation")
 CANARY = {"interval": "2s", "timeout": "30s"}  # on the remediation setup's target only: one canary is enough
+# The known answers are checked where the canary runs; every 3 s, so that the baseline is learnt and judged
+# before the load ends (the default is a minute).
+INTEGRITY = "integrity: {interval: 3s}\n"
 # Watchdog-dashboard panels (by title, or by the title of their row) that show what a setup lacks: empty there,
 # and only there. Keep it to what a setup cannot have.
 NO_GATEWAY = "no gateway in this setup"
@@ -73,6 +76,8 @@ ABSENT: dict[str, dict[str, str]] = {
         "Rails A": NO_ACTIONS,
     },
     "remediation": {},
+    # the vLLM serving and GPU dashboards (no setup): the shared test vLLM runs without the NaN check
+    "": {"NaN-logit requests/s": "vLLM counts NaN logits only with VLLM_COMPUTE_NANS_IN_LOGITS=1"},
 }
 # Rule selectors with no series in a healthy system, with the reason: by metric name, or by the selector as the
 # failure message prints it.
@@ -84,6 +89,10 @@ FAULT_ONLY = {
     "vllm_watchdog_engine_paused": "read from vLLM's /is_paused, which only a vLLM in dev mode "
     "(VLLM_SERVER_DEV_MODE=1) serves; the shared test vLLM is not (tests/chaos/test_pause.py runs one that is)",
     "vllm_watchdog_engine_sleeping": "read from vLLM's /is_sleeping, dev mode only, as above",
+    "vllm:corrupted_requests_total": "vLLM exports it only with VLLM_COMPUTE_NANS_IN_LOGITS=1, which the shared "
+    "test vLLM runs without",
+    "vllm_watchdog_known_answer_baseline_info": "read by VLLMAnswersUnchecked with state=learning only, which "
+    "lasts seconds here: the remediation setup's baseline is learnt before the load ends",
 }
 RULES = """groups:
   - name: dashboard-test
@@ -160,6 +169,7 @@ notifiers:
   sessions: {{rate: 1, burst: 4, top_k: 2}}
 """
     if setup.name == "remediation":
+        rest += INTEGRITY
         rest += """actions:
   squeeze: {type: throttle, factor: 0.5, floor: 1, step: 1, step_interval: 5s,
             max_per_window: {count: 5, window: 1h}}
@@ -259,6 +269,7 @@ LATE_SERIES = (
     'vllm_watchdog_gateway_upstream_errors_total{kind="client_disconnect"} > 0',
     'vllm_watchdog_gateway_session_requests_total{session="other"}',
     'vllm_watchdog_gateway_session_requests_total{session="agent-g"}',
+    "vllm_watchdog_known_answer_ok",  # after the baseline is learnt (learn_probes checks)
 )
 
 
