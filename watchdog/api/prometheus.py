@@ -24,6 +24,7 @@ from ..config.model import Config
 from ..goregex import RegexError
 from ..promql.compile import compile_expr, compile_plan
 from ..promql.engine import Engine
+from ..promql.positions import parse_error_text
 from ..promql.selectors import Selector, parse_selector
 from ..promql.values import Matrix, PromQLError, QueryError, QueryTimeout, Value, Vector
 from ..redact import Redactor
@@ -146,7 +147,7 @@ def _compiled(text: str, prefix: bool) -> str:
     try:
         compile_expr(text)
     except PromQLError as exc:
-        message = f"1:{(exc.position or 0) + 1}: parse error: {exc.message}"
+        message = parse_error_text(text, exc.message, exc.position)
         raise (bad_param("query", message) if prefix else ApiError("bad_data", message)) from None
     return text
 

@@ -21,7 +21,7 @@ _CLOSERS = {"(": ")", "{": "}", "[": "]"}
 # Completions tried after a prefix to decide whether the prefix could still become a valid expression.
 # Up to this many tokens each prefix is tried in turn; a longer expression is bisected (each try parses it).
 _LINEAR_SCAN = 64
-_MIDDLES = ("", " x", " 1", '"a"', '="a"', "1m", " 1m", " (x)", " (a) (x)", " x)", ' "a"', "]")
+_MIDDLES = ("", " x", " 1", '"a"', '="a"', "1m", " 1m", " (x)", " (a) (x)", " x)", ' "a"', "]", "a) (x")
 
 
 @dataclass(frozen=True)
@@ -163,3 +163,29 @@ def _bisect_position(text: str, tokens: list[Token]) -> int:
         else:
             hi = mid
     return tokens[hi].start
+
+
+def line_column(text: str, position: int) -> tuple[int, int]:
+    """1-based line and column of a 0-based offset, as Prometheus' parser reports them (`L:C:`)."""
+    position = max(0, min(position, len(text)))
+    line = text.count("\n", 0, position) + 1
+    return line, position - (text.rfind("\n", 0, position) + 1) + 1
+
+
+def parse_error_text(text: str, message: str, position: int | None) -> str:
+    """promtool's wording of a parse error: `L:C: parse error: reason`. promql-parser's generic "invalid
+    promql query" becomes what is at the position: the end of the input, or the token found there."""
+    pos = position or 0
+    at_end = pos >= len(text.rstrip())
+    if at_end:
+        pos = len(text)  # Prometheus reports what went wrong at the end at its EOF token, after any newline
+    reason = message
+    if message.startswith("invalid promql query"):
+        if at_end:
+            reason = "unexpected end of input"
+        else:
+            tok = next((t for t in tokenize(text) if t.start >= pos), None)
+            kinds = {"ident": "identifier", "op": "character", "bad": "character"}
+            reason = f'unexpected {kinds.get(tok.kind, tok.kind)} "{tok.text}"' if tok else reason
+    line, column = line_column(text, pos)
+    return f"{line}:{column}: parse error: {reason}"

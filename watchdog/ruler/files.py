@@ -14,6 +14,7 @@ from ..config.files import UnreadableFileError, read_text
 from ..config.yamlnodes import Node, Problems, compose
 from ..errors import ConfigError, Problem
 from ..promql.compile import compile_expr
+from ..promql.positions import parse_error_text
 from ..promql.values import PromQLError
 from ..sources.storeneeds import StoreNeeds
 from ..templates import check_template
@@ -69,7 +70,9 @@ def _rule(node: Node) -> Rule | None:
         try:
             compile_expr(expr)
         except PromQLError as exc:
-            m["expr"].error(f"could not parse expression: {exc}")
+            m["expr"].error(
+                f"could not parse expression: {parse_error_text(expr, exc.message, exc.position)}"
+            )
             expr = None
     if kind == "record":
         for key in ("for", "keep_firing_for", "annotations"):
