@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.support.clock import T0
 from tests.support.faultserver import FaultServer
 from vllm_watchdog.config.model import parse_config
-from vllm_watchdog.sources.enginestate import SLEEP_STATE, STATE_SERIES
+from vllm_watchdog.sources.enginestate import SLEEP_STATE, STATE_SERIES, asleep_in_store
 from vllm_watchdog.sources.metrics import MonitorCollector
 from vllm_watchdog.sources.monitor import Monitor, MonitorOptions
 from vllm_watchdog.sources.selffeed import SelfFeed
 from vllm_watchdog.sources.storeneeds import ALWAYS_KEPT
-from vllm_watchdog.store import make_labels
+from vllm_watchdog.store import SampleStore, make_labels
 
 pytestmark = pytest.mark.anyio
 PAUSED, SLEEPING = STATE_SERIES["paused"], STATE_SERIES["sleeping"]
@@ -225,3 +225,30 @@ async def test_a_slow_is_paused_never_holds_the_health_probe_back(fault: FaultSe
 
 def test_the_store_always_keeps_the_sleep_state() -> None:
     assert SLEEP_STATE in ALWAYS_KEPT  # the engine_paused rail reads it, whatever the rules read
+
+
+def sleep_states(values: dict[tuple[str, str], float]) -> SampleStore:
+    """A store with vllm:engine_sleep_state of target t: (engine, sleep_state) -> value, scraped at T0."""
+    store = SampleStore(retention=0.0)
+    for (engine, state), v in values.items():
+        labels = {"target": "t", "engine": engine, "sleep_state": state}
+        store.append(make_labels(SLEEP_STATE, labels), int(T0 * 1000), v)
+    return store
+
+
+def test_an_unknown_sleep_state_is_read_as_not_awake() -> None:
+    """A newer vLLM may add a sleep level: the engine in it is not taken for awake (nor restarted as hung)."""
+    awake = {("0", "awake"): 1.0, ("0", "weights_offloaded"): 0.0, ("0", "discard_all"): 0.0}
+    assert asleep_in_store(sleep_states(awake), "t", T0 + 1, 300.0) == ""
+    newer = {**awake, ("0", "awake"): 1.0, ("0", "kv_offloaded"): 1.0}  # even where "awake" still says 1
+    assert asleep_in_store(sleep_states(newer), "t", T0 + 1, 300.0) == (
+        "the engine is asleep on purpose (vllm:engine_sleep_state"
+        '{sleep_state="kv_offloaded"} is 1, a state not known to be awake, engine 0)'
+    )
+    assert asleep_in_store(sleep_states({("0", "kv_offloaded"): 0.0}), "t", T0 + 1, 300.0) == ""
+    two = {("0", "awake"): 0.0, ("1", "awake"): 1.0, ("1", "level_3"): 1.0}
+    assert asleep_in_store(sleep_states(two), "t", T0 + 1, 300.0) == (
+        'the engine is asleep on purpose (vllm:engine_sleep_state{sleep_state="awake"} is 0, engine 0; '
+        'vllm:engine_sleep_state{sleep_state="level_3"} is 1, a state not known to be awake, engine 1)'
+    )
+    assert asleep_in_store(sleep_states(two), "other", T0 + 1, 300.0) == ""

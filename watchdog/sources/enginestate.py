@@ -8,7 +8,8 @@ Three sources say so:
   is asked once, a 404 means the server has none, and it is not asked again until the server restarts (its
   /health fails, see `EngineStateProbe.server_down`).
 - `vllm:engine_sleep_state{sleep_state="awake"} == 0` on /metrics, without dev mode (read by the rules and by
-  `asleep_in_store`).
+  `asleep_in_store`, which also reads a `sleep_state` value vLLM 0.32 does not have, at a value other than 0,
+  as not awake: a newer vLLM's sleep level must not be taken for a hung engine).
 
 An endpoint that does not answer (timeout, connection error, 5xx, a body that is not the expected JSON) says
 nothing: the engine is not taken for paused. A SIGSTOPped EngineCore makes /is_paused wait for ever (the API
@@ -31,6 +32,7 @@ STATE_SERIES = {"paused": "vllm_watchdog_engine_paused", "sleeping": "vllm_watch
 answer was true, 0 if false or if the endpoint did not answer; absent where the server has no such endpoint
 (or while it is down)."""
 SLEEP_STATE = "vllm:engine_sleep_state"
+SLEEP_STATES = frozenset({"awake", "weights_offloaded", "discard_all"})  # vLLM 0.32's sleep_state values
 FRESH = 30.0  # seconds an answer stays believed if no newer probe ran (it runs every scrape interval)
 
 
@@ -137,17 +139,23 @@ class EngineStateProbe:
 
 
 def asleep_in_store(store: SampleStore, target: str, now: float, lookback: float) -> str:
-    """Why the target's engine is asleep, by its `vllm:engine_sleep_state`; "" if awake or unknown."""
+    """Why the target's engine is not awake, by its `vllm:engine_sleep_state`: `sleep_state="awake"` is 0, or
+    a state this watchdog does not know (a newer vLLM's) is not 0, which is read as not awake; "" if awake or
+    unknown."""
     t_ms, lookback_ms = int(now * 1000), int(lookback * 1000)
-    asleep = []
+    why: dict[str, str] = {}  # engine -> the series that says it is not awake
     for series in store.select(SLEEP_STATE):
         labels = dict(series.labels)
-        if labels.get("target") != target or labels.get("sleep_state") != "awake":
+        state = labels.get("sleep_state")
+        last = series.at(t_ms, lookback_ms) if labels.get("target") == target and state else None
+        if last is None:
             continue
-        last = series.at(t_ms, lookback_ms)
-        if last is not None and last[1] == 0.0:
-            asleep.append(labels.get("engine", "0"))
-    if not asleep:
+        engine = labels.get("engine", "0")
+        if state == "awake" and last[1] == 0.0:
+            why[engine] = '{sleep_state="awake"} is 0'
+        elif state not in SLEEP_STATES and last[1] != 0.0:
+            why.setdefault(engine, f'{{sleep_state="{state}"}} is {last[1]:g}, a state not known to be awake')
+    if not why:
         return ""
-    engines = ", ".join(asleep)
-    return f'the engine is asleep on purpose ({SLEEP_STATE}{{sleep_state="awake"}} is 0, engine {engines})'
+    said = "; ".join(f"{SLEEP_STATE}{text}, engine {engine}" for engine, text in sorted(why.items()))
+    return f"the engine is asleep on purpose ({said})"
