@@ -79,6 +79,7 @@ class Flood:
     incident: str = ""
     collection: float | None = None  # seconds, from the incident's manifest
     parts: dict[str, str] = field(default_factory=dict)
+    part_seconds: dict[str, float] = field(default_factory=dict)
     delivered: dict[str, float | None] = field(default_factory=dict)
     prom_active: dict[str, float | None] = field(default_factory=dict)  # Prometheus' activeAt
     other_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -205,6 +206,7 @@ async def _collection(client: httpx.AsyncClient, base: str, flood: Flood) -> Non
     shown = (await client.get(f"{base}/api/v1/incidents/{flood.incident}", timeout=10)).json()["data"]
     flood.collection = float(shown["manifest"]["collection_seconds"])
     flood.parts = {p["name"]: p["status"] for p in shown["manifest"]["parts"]}
+    flood.part_seconds = {p["name"]: float(p["seconds"]) for p in shown["manifest"]["parts"]}
 
 
 async def measure(
@@ -229,7 +231,15 @@ async def measure(
     base, floods = f"http://127.0.0.1:{port}", []
     try:
         await asyncio.wait_for(ready.wait(), 30)
-        async with httpx.AsyncClient(trust_env=False) as load, httpx.AsyncClient(trust_env=False) as probe:
+        # Idle connections are dropped after 1 s, well before the servers' keep-alive (uvicorn's 5 s, the
+        # watchdog's API and vLLM alike): with httpx's default (5 s too) a connection could be reused in the
+        # moment the server closed it, and the daemon shares this loop, so a stall between its response and
+        # our reading of it widened that moment (httpx.ReadError; tests/api/test_keepalive.py).
+        kept = httpx.Limits(keepalive_expiry=1.0)
+        async with (
+            httpx.AsyncClient(trust_env=False, limits=kept) as load,
+            httpx.AsyncClient(trust_env=False, limits=kept) as probe,
+        ):
 
             async def up() -> bool:
                 answer = (await probe.get(base + "/api/v1/targets", timeout=2)).json()
@@ -366,6 +376,8 @@ def incident_report(off: list[Flood], on: list[Flood], budget: float) -> None:
     print(f"  {'incident bundles off':<58}{_stats(before)}")
     print(f"  {f'incident bundles on, budget {budget:g} s':<58}{_stats(after)}")
     print(f"  {'collection itself (bundle manifests)':<58}{_stats(took)}")
+    stacks = [f.part_seconds["stacks"] for f in on if "stacks" in f.part_seconds]
+    print(f"  {'of which the Python stacks (py-spy, started first)':<58}{_stats(stacks)}")
     statuses: dict[str, dict[str, int]] = {}
     for f in on:
         for name, status in f.parts.items():
