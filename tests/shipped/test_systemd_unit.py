@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"
 WATCHDOG_UNIT = UNITS / "vllm-watchdog.service"
 GATEWAY_UNIT = UNITS / "vllm-watchdog-gateway.service"
-MODES = {"docker": UNITS / "modes" / "docker.conf", "process": UNITS / "modes" / "process.conf"}
+MODES = {mode: UNITS / "modes" / f"{mode}.conf" for mode in ("docker", "process", "systemd")}
 SHIPPED_BINARY = "/usr/local/bin/vllm-watchdog"
 VENV_BINARY = str(Path(sys.executable).parent / "vllm-watchdog")
 EXPOSURE_LIMIT = 2.0  # systemd-analyze's 0-10 exposure scale; the base unit scores 1.4
@@ -141,7 +141,8 @@ def test_gateway_unit_runs_the_gateway_with_the_same_config_and_runtime_director
     for key in ("RuntimeDirectory", "RuntimeDirectoryPreserve", "User", "StateDirectory", "EnvironmentFile"):
         assert last(gateway, key) == last(watchdog, key), key
     assert (last(gateway, "Type"), last(gateway, "Restart")) == ("notify", "on-failure")
-    assert "vllm-watchdog-gateway.service" in (last(watchdog, "Wants", "Unit") or "")
+    # enabled, it starts with the daemon (its WantedBy=); the daemon never pulls it in itself
+    assert "vllm-watchdog.service" in (last(gateway, "WantedBy", "Install") or "").split()
 
 
 def test_watchdog_unit_settings() -> None:
@@ -195,6 +196,20 @@ def test_mode_dropins() -> None:
     assert last(process, "SystemCallFilter") == ""  # reset: CUDA and torch need more than @system-service
     assert "TMPDIR=/var/cache/vllm-watchdog/tmp" in (last(process, "Environment") or "")
     assert "char-nvidia-uvm rw" in [v for k, v in process["Service"] if k == "DeviceAllow"]
+
+
+def test_incident_rights_come_with_the_modes_that_hold_stronger_powers() -> None:
+    """Docker and systemd modes add ptrace and the kernel log for incident bundles, and nothing else; the base
+    unit and process mode (vLLM is the watchdog's own child, which ptrace allows) keep none."""
+    rights = "CAP_SYS_PTRACE CAP_SYSLOG"
+    for mode in ("docker", "systemd"):
+        unit = read_unit(MODES[mode])
+        assert last(unit, "CapabilityBoundingSet") == rights and last(unit, "AmbientCapabilities") == rights
+        assert (last(unit, "ProtectProc"), last(unit, "ProtectKernelLogs")) == ("default", "no")
+        assert last(unit, "SystemCallFilter") == "ptrace syslog"  # added to the base unit's allow list
+    for unit in (read_unit(WATCHDOG_UNIT), read_unit(MODES["process"])):
+        assert last(unit, "AmbientCapabilities") in (None, "")
+    assert last(read_unit(WATCHDOG_UNIT), "CapabilityBoundingSet") == ""
 
 
 # -- systemd-analyze ------------------------------------------------------------------------------
@@ -280,7 +295,12 @@ def test_exposure_score(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "relaxed"), [("docker", "SupplementaryGroups="), ("process", "MemoryDenyWriteExecute=")]
+    ("mode", "relaxed"),
+    [
+        ("docker", "SupplementaryGroups="),
+        ("process", "MemoryDenyWriteExecute="),
+        ("systemd", "CapabilityBoundingSet=~CAP_SYS_PTRACE"),
+    ],
 )
 def test_dropins_are_applied(tmp_path: Path, mode: str, relaxed: str) -> None:
     """The offline analysis reads the drop-in from the unit's .d directory: the setting it relaxes shows."""
