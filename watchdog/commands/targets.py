@@ -77,7 +77,7 @@ async def check_answers(config: Config, monitor: Monitor, now: float) -> Answers
 
 
 def answer_cell(verdict: Verdict, no_baseline: bool) -> tuple[str, str | None]:
-    """A verdict as the table's cell (the divergence over the tolerance, in nats), and why it could not tell."""
+    """A verdict as its table cell (divergence/tolerance in nats), and why it could not tell."""
     gap = f"{verdict.divergence:.3g}/{verdict.tolerance:.3g}"
     if verdict.ok is None:
         return ("no baseline", None) if no_baseline else ("unknown", verdict.reason)
