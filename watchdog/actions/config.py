@@ -41,6 +41,8 @@ class ActionConfig:
     backoff_max: float = 3600.0
     crash_loop_window: float = 600.0  # the same action needed again this soon after a success: a crash loop
     crash_loop_max: int = 3  # consecutive crash loops before the action stops and alerts
+    retry_timeout: float = 60.0  # recover: engines healthy again and a canary token within this of a retry
+    retry_window: float = 600.0  # recover: a fault again this soon after a successful retry: restart
     set_args: Mapping[str, str | None] = field(
         default_factory=dict
     )  # reconfigure: flag -> value (None: bare)

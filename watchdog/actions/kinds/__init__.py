@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import server  # noqa: F401  (registers restart, disable_draft, enable_draft, reconfigure)
 from . import power  # noqa: F401  (gpu_power_limit)
 from . import gateway  # noqa: F401  (throttle, throttle_session, drain, undrain)
+from . import recover  # noqa: F401  (recover: vLLM's fault-tolerance retry, else restart)
 
 # isort: on
 from .base import Act, Kind, kind_of
