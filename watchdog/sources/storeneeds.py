@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # Kept whether or not a rule reads them: the engine_paused rail reads vllm:engine_sleep_state (SLEEP_STATE of
-# enginestate.py, written out: `check` reads rule files through this module and must not load httpx).
+# enginestate.py, written out: `check` reads rule files through this module and must not load httpx), and a
+# drain reads the engine's steps and running requests (STEPS and RUNNING of actions/pipeline/progress.py).
 _SCRAPE_SERIES = ("up", "scrape_duration_seconds", "scrape_samples_scraped")
-ALWAYS_KEPT = frozenset({*_SCRAPE_SERIES, "vllm:engine_sleep_state"})
+_DRAIN_SERIES = ("vllm:iteration_tokens_total_count", "vllm:num_requests_running")
+ALWAYS_KEPT = frozenset({*_SCRAPE_SERIES, *_DRAIN_SERIES, "vllm:engine_sleep_state"})
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ..config import traits_of
 from ..runtimes.runtime import Launch, Runtime
 from ..store.actionstore import ActionStore
 from ..store.records import ActionRecord
+from .progress import STALL_AFTER, Progress, no_progress, stalled_for
 
 if TYPE_CHECKING:  # the readiness checks import the HTTP stack, which `check config` must not load
     from ..runtimes.readiness import ReadyCheck
@@ -53,6 +54,8 @@ class FlowContext:
     # Tells the gateway in front (if any) to hold new requests now, and returns what it still has in flight:
     # the drain flag reaches the gateway in the background, and its cached count can be a tick old.
     gateway_in_flight: Callable[[], Awaitable[int | None]] = _no_gateway
+    # Whether what is in flight still moves (the engine's steps, the gateway's last answer): progress.py.
+    progress: Callable[[], Progress] = no_progress
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -76,8 +79,9 @@ class FlowContext:
         await failpoints.reach(name)
 
 
-async def drain(ctx: FlowContext, action_id: int, timeout: float) -> None:
-    """Stop admitting new requests, then wait up to `timeout` for running ones to finish.
+async def drain(ctx: FlowContext, action_id: int, timeout: float, stall_after: float = STALL_AFTER) -> None:
+    """Stop admitting new requests, then wait up to `timeout` for running ones to finish, or until none of
+    them can: no upstream byte and no engine step for `stall_after` seconds (progress.py; 0: never judged).
 
     Admission is the gateway's job; the drain flag lives in the state database so that the gateway, and a
     watchdog restarted mid-action, both see it. Without a gateway in front, vLLM keeps admitting; its own
@@ -87,10 +91,25 @@ async def drain(ctx: FlowContext, action_id: int, timeout: float) -> None:
     await ctx.enter(action_id, "drain")
     deadline = ctx.monotonic() + timeout
     running = await _running(ctx)
-    while running is not None and running > 0 and ctx.monotonic() < deadline:
+    ended = _drain_ended(ctx, running, stall_after)
+    while not ended and ctx.monotonic() < deadline:
         await ctx.sleep(DRAIN_POLL)
         running = await _running(ctx)
-    ctx.step(action_id, "drained", running=running)
+        ended = _drain_ended(ctx, running, stall_after)
+    ended = ended or f"timeout: still running after {timeout:g}s"
+    ctx.step(action_id, "drained", running=running, ended=ended)
+
+
+def _drain_ended(ctx: FlowContext, running: float | None, stall_after: float) -> str:
+    """Why the drain may end now: nothing is known to run, all finished, or none can; "" to wait on."""
+    if running is None:
+        return "nothing known in flight (no gateway, no vllm:num_requests_running)"
+    if running <= 0:
+        return "all finished"
+    idle = stalled_for(ctx.progress(), running) if stall_after > 0 else None
+    if idle is not None and idle >= stall_after:
+        return f"stalled: no progress for {idle:.0f}s"
+    return ""
 
 
 async def _running(ctx: FlowContext) -> float | None:
@@ -110,11 +129,17 @@ def undrain(ctx: FlowContext, action_id: int) -> None:
 
 
 async def restart(
-    ctx: FlowContext, action_id: int, *, drain_timeout: float, stop_timeout: float, ready_timeout: float
+    ctx: FlowContext,
+    action_id: int,
+    *,
+    drain_timeout: float,
+    stop_timeout: float,
+    ready_timeout: float,
+    stall_after: float = STALL_AFTER,
 ) -> Outcome:
     """Drain, stop, start, wait for /health and a canary, undrain."""
     try:
-        await drain(ctx, action_id, drain_timeout)
+        await drain(ctx, action_id, drain_timeout, stall_after)
         await ctx.evidence()
         await ctx.enter(action_id, "stop", timeout=stop_timeout)
         await ctx.runtime.stop(stop_timeout)
@@ -139,10 +164,11 @@ async def relaunch(
     drain_timeout: float,
     stop_timeout: float,
     ready_timeout: float,
+    stall_after: float = STALL_AFTER,
 ) -> Outcome:
     """Replace the server with `new`; if it is not ready in time, roll back to the old one exactly."""
     try:
-        await drain(ctx, action_id, drain_timeout)
+        await drain(ctx, action_id, drain_timeout, stall_after)
         await ctx.evidence()
         # `argv`, not `args` (LogRecord's own attribute); reconcile reads it back to tell new from old
         await ctx.enter(action_id, "replace", argv=list(new.args))

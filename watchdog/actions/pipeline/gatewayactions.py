@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ...gateway.config import ThrottleSpec
+from ...gateway.protocol.progress import UpstreamProgress
 from ..config import ActionConfig
 
 
@@ -33,6 +34,8 @@ class Gateway(Protocol):
     ) -> tuple[float, int]: ...
 
     def in_flight(self) -> int: ...
+
+    def progress(self) -> UpstreamProgress | None: ...
 
     async def set_drain(self, drained: bool) -> None: ...
 

@@ -136,6 +136,7 @@ async def execute_plan(
         "drain_timeout": action.drain_timeout,
         "stop_timeout": action.stop_timeout,
         "ready_timeout": action.ready_timeout,
+        "stall_after": action.stall_after,
     }
     if plan.kind == "restart":
         return await restart(ctx, action_id, **timeouts)

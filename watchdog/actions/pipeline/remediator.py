@@ -33,6 +33,7 @@ from .gates import PIPELINE, Decision, Stop, unrecordable
 from .gatewayactions import Gateway, hold_key
 from .jobqueues import JobQueues
 from .plans import Plan
+from .progress import progress_reader
 from .rails import Rails, Verdict
 from .removal import forget_target
 from .restores import Restores
@@ -70,6 +71,7 @@ class RemediatorOptions:
     power: Any | None = None
     gateway: Gateway | None = None
     running_requests: Callable[[str], float | None] = _unknown_requests
+    engine_idle: Callable[[str], float | None] = _unknown_requests  # the drain's progress.engine_idle
     engine_state: Callable[[str, float], str] = _not_paused  # why an engine is paused or asleep on purpose
     ready_since: Callable[[str, float], bool] = _never_ready  # a server was ready since it (re)started
     clock: Callable[[], float] = time.time
@@ -95,7 +97,7 @@ class Remediator(OperatorControls):
         self.hub = options.hub
         self.power = options.power
         self.gateway = options.gateway
-        self.running_requests = options.running_requests
+        self.running_requests, self.engine_idle = options.running_requests, options.engine_idle
         self.engine_state = options.engine_state
         self.ready_since = options.ready_since
         self.clock, self.monotonic, self.sleep = options.clock, options.monotonic, options.sleep
@@ -298,6 +300,7 @@ class Remediator(OperatorControls):
             runtime=runtime or UnavailableRuntime("none", target.name, "no container, command or unit"),
             ready=self.ready,
             running_requests=lambda: self.running_requests(target.name),
+            progress=progress_reader(self._gateway_of(target.name), lambda: self.engine_idle(target.name)),
             gateway_in_flight=lambda: self._gateway_in_flight(target.name),
             clock=self.clock,
             monotonic=self.monotonic,

@@ -22,6 +22,7 @@ from ..config import GatewayConfig, ThrottleSpec
 from ..protocol.channel import ChannelError
 from ..protocol.codec import decode, encode
 from ..protocol.link import GatewayLink
+from ..protocol.progress import UpstreamProgress, read_drain_answer
 from ..protocol.snapshot import GatewaySnapshot, HistogramSnapshot
 from .controlstore import ControlStore
 
@@ -81,6 +82,7 @@ class GatewayControl:
         self.reachable = False  # the gateway answered the last command
         self.restarts = 0  # gateway processes started again after one died
         self._in_flight = 0
+        self._progress: UpstreamProgress | None = None  # from the last set_drain answer
         self._lapses = 0  # the gateway's count of lease lapses, as last seen
         self._holds_seen: dict[str, float] = {}  # hold key -> when its alert last asked (monotonic)
         self._history: deque[tuple[float, HistogramSnapshot]] = deque()  # (when, time-to-first-byte)
@@ -248,8 +250,11 @@ class GatewayControl:
         await self.persist()
 
     async def set_drain(self, drained: bool) -> None:
-        """Hold or refuse new requests (drained), or admit them again."""
-        self._in_flight = int(await self._request("set_drain", {"drained": drained}))
+        """Hold or refuse new requests (drained), or admit them again; note what is in flight and how recently
+        it heard from vLLM (progress(): None until the gateway answers, or from one too old to tell)."""
+        self._progress = None
+        answer = await self._request("set_drain", {"drained": drained, "progress": True})
+        self._in_flight, self._progress = read_drain_answer(answer)
 
     def on_drain(self, target: str, drained: bool) -> None:
         """The action store's drain hook: follow the flag for our target while started."""
@@ -259,6 +264,10 @@ class GatewayControl:
     def in_flight(self) -> int:
         """Requests forwarded and not finished, as of the last word from the gateway (at most a tick old)."""
         return self._in_flight
+
+    def progress(self) -> UpstreamProgress | None:
+        """How recently the requests in flight heard from vLLM, as of the last set_drain answer."""
+        return self._progress
 
     # -- periodic ------------------------------------------------------------------------------
     async def tick(self) -> GatewaySnapshot | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import GatewayConfig, ThrottleSpec
 from ..protocol.codec import decode, encode
+from ..protocol.progress import drain_answer
 from .offences import Escalation, Offences
 from .server import GatewayServer
 
@@ -175,12 +176,15 @@ class GatewayCommands:
     def _close_breaker(self, args: Mapping[str, Any]) -> None:
         self.server.gate.close_breaker(_str(args, "session"))
 
-    def _set_drain(self, args: Mapping[str, Any]) -> int:
+    def _set_drain(self, args: Mapping[str, Any]) -> int | dict[str, Any]:
+        """Hold new requests (or admit them again); the count in flight, and with `progress` how recently
+        they heard from vLLM (protocol/progress.py: an older daemon asks no progress and gets the count)."""
         drained = args.get("drained")
         if not isinstance(drained, bool):
             raise CommandError("drained: expected true or false")
         self.server.gate.set_drain(drained)
-        return int(self.server.gate.in_flight)
+        progress = self.server.proxy.progress.report() if args.get("progress") is True else None
+        return drain_answer(int(self.server.gate.in_flight), progress)
 
     def _tick(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """One throttle step with the controller's signals, then the snapshot and the state worth saving."""

@@ -22,6 +22,7 @@ from .clients import ClientStalled, ClientTransports, ClientWriter
 from .headers import Incoming, response_headers
 from .histogram import Histogram
 from .interrupt import Interrupt
+from .progress import ProgressTracker
 from .rejections import Rejection
 from .replies import error_body, send_error, upstream_failure
 from .sessions import api_key_of, priority_of, session_key
@@ -59,6 +60,7 @@ class Proxy:
         self._base = config.upstream.rstrip("/")
         self._host = URL(self._base).raw_authority
         self._session_header = self._priority_header = b""
+        self.progress = ProgressTracker(monotonic)  # when each request in flight last heard from vLLM
         self.apply(config)
         self._client: aiohttp.ClientSession | None = None
         self._responses: dict[int, int] = {}
@@ -170,6 +172,7 @@ class Proxy:
                 if admitted is None:
                     return
                 ticket, trace = admitted
+                send = self.progress.follow(ticket, send)
             status = await self._forward(scope, path_bytes, request.headers, body, send, ticket, trace)
         except asyncio.CancelledError:
             if not interrupt.absorb():
@@ -182,6 +185,7 @@ class Proxy:
             interrupt.close()
             if ticket is not None:
                 ticket.release()
+                self.progress.forget(ticket)
             if trace is not None:
                 trace.finish(status)
 

@@ -1,0 +1,235 @@
+"""The drain that knows progress: it ends as soon as nothing in flight can move (no upstream byte and no engine
+step for `stall_after`), waits for a healthy engine's requests, keeps the old wait with no signal, and says in
+its `drained` step why it ended. Also the signals themselves: the engine's idle time as the sample store and
+the action plane see it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from tests.support.clock import Clock
+from vllm_watchdog.actions.config import ActionConfig
+from vllm_watchdog.actions.pipeline.flows import DRAIN_POLL, FlowContext, drain
+from vllm_watchdog.actions.pipeline.plans import Plan, execute_plan
+from vllm_watchdog.actions.pipeline.progress import (
+    RUNNING,
+    STALL_AFTER,
+    STEPS,
+    Progress,
+    engine_idle,
+    stalled_for,
+)
+from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
+from vllm_watchdog.actions.runtimes.targetruntimes import UnavailableRuntime
+from vllm_watchdog.actions.store.actionstore import ActionStore
+from vllm_watchdog.config.model import parse_config
+from vllm_watchdog.gateway.protocol.progress import UpstreamProgress
+from vllm_watchdog.promql.engine import Engine
+from vllm_watchdog.service.actionplane import ActionPlane
+from vllm_watchdog.service.actionwiring import ActionPlaneOptions
+from vllm_watchdog.store import STALE_NAN, SampleStore, make_labels
+
+CONFIG = "targets:\n  - {name: vllm-0, url: 'http://127.0.0.1:9'}\n"
+
+
+def context(
+    store: ActionStore,
+    clock: Clock,
+    running: Callable[[], float | None],
+    progress: Callable[[], Progress],
+    gateway: Callable[[], int | None] = lambda: None,
+) -> FlowContext:
+    """A flow context whose vLLM gauge, gateway count and progress are the given callables of the clock."""
+    target = parse_config(CONFIG, "c.yml").targets[0]
+
+    async def gateway_in_flight() -> int | None:
+        return gateway()
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+
+    return FlowContext(
+        store=store,
+        target=target,
+        runtime=UnavailableRuntime("none", target.name, "test"),
+        ready=ReadyCheck(httpx.AsyncClient()),
+        running_requests=running,
+        gateway_in_flight=gateway_in_flight,
+        progress=progress,
+        clock=clock,
+        monotonic=clock,
+        sleep=sleep,
+    )
+
+
+async def drained(ctx: FlowContext, store: ActionStore, clock: Clock, **kw: float) -> tuple[float, dict]:
+    """Run a drain from the clock's now; seconds it took and its `drained` step's details."""
+    start = clock.now
+    action_id = store.begin("restart", "restart", "vllm-0", "VLLMEngineHung", {}, False, clock())
+    await drain(ctx, action_id, **{"timeout": 60.0, **kw})
+    record = next(r for r in store.history(limit=5) if r.id == action_id)
+    step = next(s for s in record.steps if s.step == "drained")
+    assert step.details is not None
+    return clock.now - start, step.details
+
+
+@pytest.mark.anyio
+async def test_a_frozen_engine_without_a_gateway_ends_the_drain_after_stall_after() -> None:
+    # The engine froze just before the drain: its step counter stands still from now on, two requests run.
+    store, clock = ActionStore(None), Clock()
+    frozen_at = clock.now
+    ctx = context(store, clock, lambda: 2.0, lambda: Progress(engine_idle=clock.now - frozen_at))
+    took, step = await drained(ctx, store, clock)
+    assert took == pytest.approx(STALL_AFTER)  # not the 60 s drain_timeout
+    assert step["ended"] == "stalled: no progress for 5s"
+    assert step["running"] == 2.0
+
+
+@pytest.mark.anyio
+async def test_an_engine_frozen_long_before_the_drain_is_stopped_at_once() -> None:
+    store, clock = ActionStore(None), Clock()
+    ctx = context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=120.0))
+    took, step = await drained(ctx, store, clock)
+    assert took == 0.0
+    assert step["ended"] == "stalled: no progress for 120s"
+
+
+@pytest.mark.anyio
+async def test_a_healthy_engines_requests_finish_even_past_stall_after() -> None:
+    # Its counter moves on every scrape; its requests take 12 s, longer than stall_after.
+    store, clock = ActionStore(None), Clock()
+    start = clock.now
+    ctx = context(
+        store,
+        clock,
+        lambda: 3.0 if clock.now - start < 12.0 else 0.0,
+        lambda: Progress(engine_idle=(clock.now - start) % 1.0),
+    )
+    took, step = await drained(ctx, store, clock)
+    assert took == pytest.approx(12.0)
+    assert step["ended"] == "all finished"
+
+
+@pytest.mark.anyio
+async def test_with_neither_signal_the_drain_waits_for_its_timeout_and_says_so() -> None:
+    store, clock = ActionStore(None), Clock()
+    took, step = await drained(context(store, clock, lambda: 3.0, Progress), store, clock, timeout=10.0)
+    assert took == pytest.approx(10.0)
+    assert step["ended"] == "timeout: still running after 10s"
+
+
+@pytest.mark.anyio
+async def test_stall_after_zero_keeps_the_old_wait() -> None:
+    store, clock = ActionStore(None), Clock()
+    ctx = context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=600.0))
+    took, step = await drained(ctx, store, clock, timeout=10.0, stall_after=0.0)
+    assert took == pytest.approx(10.0)
+    assert step["ended"].startswith("timeout")
+
+
+@pytest.mark.anyio
+async def test_nothing_known_in_flight_ends_at_once_as_before() -> None:
+    store, clock = ActionStore(None), Clock()
+    took, step = await drained(context(store, clock, lambda: None, Progress), store, clock)
+    assert took == 0.0
+    assert step["ended"].startswith("nothing known in flight")
+
+
+@pytest.mark.anyio
+async def test_the_gateway_alone_judges_its_streams_but_not_silent_requests() -> None:
+    # Streams that stopped 1 s before the drain: stalled 4 s later. A non-streamed request among them (silent)
+    # could be moving without a byte: without the engine's steps the drain waits for its timeout.
+    for silent, expected in ((0, STALL_AFTER - 1.0), (1, 20.0)):
+        store, clock = ActionStore(None), Clock()
+        last_byte = clock.now - 1.0
+
+        def progress(silent: int = silent, last_byte: float = last_byte) -> Progress:
+            return Progress(upstream=UpstreamProgress(2, clock.now - last_byte, silent))
+
+        ctx = context(store, clock, lambda: 2.0, progress, gateway=lambda: 2)
+        took, step = await drained(ctx, store, clock, timeout=20.0)
+        assert took == pytest.approx(expected), silent
+        assert step["ended"].startswith("stalled" if silent == 0 else "timeout"), step
+
+
+@pytest.mark.anyio
+async def test_the_plan_passes_the_actions_stall_after_to_the_drain() -> None:
+    store, clock = ActionStore(None), Clock()
+    frozen_at = clock.now
+
+    class Stopped(Exception):
+        pass
+
+    async def evidence() -> None:
+        raise Stopped  # the drain is done by now: stop before the runtime is touched
+
+    ctx = replace(
+        context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=clock.now - frozen_at)),
+        evidence=evidence,
+    )
+    action = ActionConfig("a", "restart", stall_after=2.0)
+    action_id = store.begin("restart", "restart", "vllm-0", "VLLMEngineHung", {}, False, clock())
+    with pytest.raises(Stopped):
+        await execute_plan(Plan("restart", "restart"), action, ctx, action_id, store, None)
+    assert clock.now - frozen_at == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("progress", "running", "expected"),
+    [
+        (Progress(), 2.0, None),
+        (Progress(engine_idle=7.0), 2.0, 7.0),
+        (Progress(engine_idle=7.0, upstream=UpstreamProgress(2, 1.0, 0)), 2.0, 1.0),  # a stream moves
+        (Progress(engine_idle=1.0, upstream=UpstreamProgress(2, 9.0, 2)), 2.0, 1.0),  # the engine steps
+        (Progress(upstream=UpstreamProgress(2, 9.0, 0)), 2.0, 9.0),
+        (Progress(upstream=UpstreamProgress(2, 9.0, 1)), 2.0, None),  # a silent one only steps can tell
+        (Progress(upstream=UpstreamProgress(2, 9.0, 0)), 3.0, None),  # vLLM runs one the gateway never saw
+        (Progress(engine_idle=6.0, upstream=UpstreamProgress(0, None, 0)), 1.0, 6.0),  # gateway empty
+    ],
+)
+def test_stalled_for_takes_the_least_idle_signal_that_can_tell(
+    progress: Progress, running: float, expected: float | None
+) -> None:
+    assert stalled_for(progress, running) == expected
+
+
+def test_engine_idle_counts_only_the_time_the_counter_stood_still_while_requests_ran() -> None:
+    ts = [1000, 2000, 3000, 4000, 5000, 6000]
+    # Idle engine (0 running) for 3 scrapes, then a request runs and the counter stops: stood still 2 s.
+    steps = [(ts, [10.0, 10.0, 10.0, 10.0, 10.0, 10.0])]
+    running = [(ts, [0.0, 0.0, 0.0, 1.0, 1.0, 1.0])]
+    assert engine_idle(steps, running, now=6.5, fresh=2.0) == pytest.approx(2.0)
+    # Moving on every scrape: 0; a second engine that moves makes it 0 too.
+    assert engine_idle([(ts, [1.0, 2, 3, 4, 5, 6])], running, now=6.5, fresh=2.0) == 0.0
+    both = [*steps, (ts, [1.0, 2, 3, 4, 5, 6])]
+    assert engine_idle(both, running, now=6.5, fresh=2.0) == 0.0
+    # Stale samples (the scrapes stopped) and staleness markers tell nothing.
+    assert engine_idle(steps, running, now=60.0, fresh=2.0) is None
+    gone = [([*ts, 7000], [10.0, 10.0, 10.0, 10.0, 10.0, 10.0, STALE_NAN])]
+    assert engine_idle(gone, running, now=7.5, fresh=2.0) == pytest.approx(2.0)
+    assert engine_idle([], running, now=6.5, fresh=2.0) is None
+
+
+@pytest.mark.anyio
+async def test_the_action_plane_reads_the_engine_idle_time_from_the_sample_store() -> None:
+    clock = Clock()
+    samples = SampleStore(retention=600.0)
+    config = parse_config(CONFIG, "c.yml")
+    plane = ActionPlane(
+        config,
+        ActionPlaneOptions(
+            engine=lambda: Engine(samples), client_factory=lambda *a, **k: httpx.AsyncClient(), clock=clock
+        ),
+    )
+    assert plane.engine_idle("vllm-0") is None  # nothing scraped yet
+    base = {"target": "vllm-0", "engine": "0"}
+    for second in range(30):  # 20 s moving, then frozen with 2 running
+        t_ms = int((clock.now - 30 + second) * 1000)
+        samples.append(make_labels(STEPS, base), t_ms, float(min(second, 20)))
+        samples.append(make_labels(RUNNING, base), t_ms, 2.0)
+    assert plane.engine_idle("vllm-0") == pytest.approx(9.0)
+    assert plane.engine_idle("other") is None
