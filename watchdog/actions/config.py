@@ -34,6 +34,9 @@ class ActionConfig:
     cooldown: float = 900.0
     max_per_window: Budget | None = None
     drain_timeout: float = 60.0
+    # the drain ends early once nothing in flight progressed this long (no upstream byte, no engine step:
+    # actions/pipeline/progress.py); 0 waits for all to finish or drain_timeout, as before
+    stall_after: float = 5.0
     stop_timeout: float = 90.0
     ready_timeout: float = 900.0
     startup_grace: float = 120.0  # no action while the target's server is younger than this
@@ -160,6 +163,7 @@ def traits_of(kind: str) -> Traits:
 _DURATIONS = (
     "cooldown",
     "drain_timeout",
+    "stall_after",
     "stop_timeout",
     "ready_timeout",
     "startup_grace",
