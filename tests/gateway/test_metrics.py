@@ -17,6 +17,7 @@ from vllm_watchdog.gateway.dataplane.replies import upstream_failure
 from vllm_watchdog.gateway.dataplane.signals import SessionSignals
 from vllm_watchdog.gateway.protocol.snapshot import (
     PROXY_REFUSALS,
+    REPLAY_OUTCOMES,
     UPSTREAM_ERROR_KINDS,
     GateSnapshot,
     GatewaySnapshot,
@@ -62,6 +63,8 @@ def snapshot(target: str = "llama", sessions: tuple[SessionStats, ...] = ()) -> 
         connections=9,
         connections_evicted_total=4,
         upstream_backoffs_total=6,
+        replays_total={"replayed": 3, "too_many": 1},
+        replays_held=2,
     )
     return GatewaySnapshot(target=target, gate=gate, proxy=proxy, sessions=sessions, sessions_tracked=37)
 
@@ -128,6 +131,10 @@ def test_gate_and_proxy_series_exact() -> None:
         key("connections_evicted_total", **t): 4,
         key("upstream_backoffs_total", **t): 6,
         key("sessions_tracked", **t): 37,
+        key("replays_total", outcome="replayed", **t): 3,
+        key("replays_total", outcome="too_many", **t): 1,
+        **{key("replays_total", outcome=o, **t): 0 for o in REPLAY_OUTCOMES[1:] if o != "too_many"},
+        key("replays_held", **t): 2,
     }
     for k, v in expected.items():
         assert got.pop(k) == v, k
@@ -201,6 +208,7 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "session_prompt_tokens",
         "session_completion_tokens",
         "session_cached_tokens",
+        "replays",
     }
     histograms = {"queue_time_seconds", "time_to_first_byte_seconds"}
     gauges = {
@@ -210,6 +218,7 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "queue_length",
         "oldest_in_flight_seconds",
         "draining",
+        "replays_held",
         "session_in_flight",
         "session_prefix_cache_hit_ratio",
         "session_context_growth_tokens",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.durations import parse_duration, parse_size
+from ..config.gatewayreplay import ReplayConfig, parse_replay
 from ..redact import secret, secret_keys
 from .routes import ADMIN, admin_root
 
@@ -145,6 +146,7 @@ class GatewayConfig:
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
     upstream_backoff: UpstreamBackoffConfig = field(default_factory=UpstreamBackoffConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # requests held through a restart
 
 
 _KEYS = {
@@ -170,6 +172,7 @@ _KEYS = {
     "priority",
     "sessions",
     "upstream_backoff",
+    "replay",
 }
 _DURATIONS = (
     "max_queue_time",
@@ -203,6 +206,7 @@ def parse_gateway(
     priority = _priority(m["priority"]) if "priority" in m else d.priority
     sessions = _sessions(m["sessions"]) if "sessions" in m else d.sessions
     backoff = _upstream_backoff(m["upstream_backoff"]) if "upstream_backoff" in m else d.upstream_backoff
+    replay = parse_replay(m["replay"]) if "replay" in m else d.replay
     if name is None:
         return None
     return GatewayConfig(
@@ -213,6 +217,7 @@ def parse_gateway(
         priority=priority,
         sessions=sessions,
         upstream_backoff=backoff,
+        replay=replay,
         **values,  # type: ignore[arg-type]
     )
 

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ...listener import REFUSALS
 from ..protocol.snapshot import (
     PROXY_REFUSALS,
+    REPLAY_OUTCOMES,
     UPSTREAM_ERROR_KINDS,
     GateSnapshot,
     GatewaySnapshot,
@@ -48,6 +49,7 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
     return [
         *_gate_families(t, snap.gate),
         *_proxy_families(t, snap.proxy),
+        *_replay_families(t, snap.proxy),
         _histogram(
             "queue_time_seconds",
             "Time from arrival to admission (admitted requests).",
@@ -136,6 +138,23 @@ def _proxy_families(t: str, p: ProxySnapshot) -> list[Metric]:
             "Clients cut off for not sending their request in time.",
             t,
             p.client_timeouts_total,
+        ),
+    ]
+
+
+def _replay_families(t: str, p: ProxySnapshot) -> list[Metric]:
+    """Requests held through a restart and sent again (gateway/dataplane/replay.py)."""
+    return [
+        _by(
+            "replays",
+            "Requests whose upstream failed during a restart before their client got a byte, by outcome.",
+            t,
+            "outcome",
+            dict.fromkeys(REPLAY_OUTCOMES, 0) | dict(p.replays_total),
+            counter=True,
+        ),
+        _gauge(
+            "replays_held", "Requests held now to be sent again to the restarted engine.", t, p.replays_held
         ),
     ]
 

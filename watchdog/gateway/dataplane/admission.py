@@ -139,13 +139,25 @@ class Gate:
             return self._grant(session, priority, now, 0.0)
         return await self._wait(session, priority, rank, now)
 
-    async def _wait(self, session: str | None, priority: str, rank: int, now: float) -> Ticket | Rejection:
+    async def readmit(self, session: str | None, priority: str) -> Ticket | Rejection:
+        """Admit again a request that was admitted once and lost its upstream (a replay): no breaker, rate or
+        queue-length check (the replay has its own caps), and at the head of its class while it waits."""
+        now = self._monotonic()
+        if priority not in self._queue.rank:
+            priority = self._default
+        if not self._draining and self._in_flight < self._limit and self._has_room(session):
+            return self._grant(session, priority, now, 0.0)
+        return await self._wait(session, priority, self._queue.rank[priority], now, front=True)
+
+    async def _wait(
+        self, session: str | None, priority: str, rank: int, now: float, front: bool = False
+    ) -> Ticket | Rejection:
         waiting = self._queue.waiting
-        if waiting >= self._max_queue and not self._shed_below(rank):
+        if not front and waiting >= self._max_queue and not self._shed_below(rank):
             return self._rejections.queue_full(waiting, self._queue_retry_after())
         loop = self._loop = asyncio.get_running_loop()
         waiter: Waiter[Ticket | Rejection] = Waiter(session, priority, rank, now, loop.create_future())
-        self._queue.push(waiter)
+        self._queue.push(waiter, front)
         self._arm(waiter, loop)
         try:
             return await waiter.future

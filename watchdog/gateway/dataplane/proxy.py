@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 import aiohttp
 from starlette.types import Receive, Scope, Send
@@ -24,18 +25,16 @@ from .histogram import Histogram
 from .interrupt import Interrupt
 from .progress import ProgressTracker
 from .rejections import Rejection
+from .replay import HeldStart, Lost, Replays
 from .replies import error_body, send_error, upstream_failure
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals
+from .uploads import BodyTooLarge, discard_body, read_body
 
 _OPTIONS_ALLOW = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"), (b"content-length", b"0")]
 log = logging.getLogger("vllm_watchdog.gateway.proxy")  # the name its logs had before the sub-packages
 # Close a keep-alive upstream connection before vLLM's uvicorn does (5 s), so a request never races its close.
 UPSTREAM_KEEPALIVE = 4.0
-
-
-class _TooLarge(Exception):
-    """The request body went over max_body while it was read."""
 
 
 class Proxy:
@@ -60,6 +59,7 @@ class Proxy:
         self._base = config.upstream.rstrip("/")
         self._host = URL(self._base).raw_authority
         self._session_header = self._priority_header = b""
+        self.replays = Replays(config.replay, gate, monotonic=monotonic)
         self.progress = ProgressTracker(monotonic)  # when each request in flight last heard from vLLM
         self.apply(config)
         self._client: aiohttp.ClientSession | None = None
@@ -75,6 +75,7 @@ class Proxy:
         self.config = config
         self._session_header = config.sessions.header.lower().encode("latin-1")
         self._priority_header = config.priority.header.lower().encode("latin-1")
+        self.replays.apply(config.replay, config.drain_mode)
 
     def _upstream(self) -> aiohttp.ClientSession:
         if self._client is None:  # made on the loop that serves requests
@@ -153,13 +154,12 @@ class Proxy:
             path = path_bytes.decode("latin-1")
             counted = route is Route.ADMIT and path in OPENAI_PATHS and is_json(request.content_type)
             try:  # a body with too many JSON elements is refused as soon as it has them, not once read
-                body = await self._read_body(
-                    receive, ElementCounter(self.config.max_json_elements) if counted else None
-                )
-            except _TooLarge:
+                counter = ElementCounter(self.config.max_json_elements) if counted else None
+                body = await read_body(receive, self.config.max_body, counter)
+            except BodyTooLarge:
                 return await self._too_large_response(send)
             except TooManyElements as exc:  # the rest is read and dropped, so that the client hears the 413
-                if await self._discard_body(receive):
+                if await discard_body(receive, self.config.max_body):
                     await self._too_complex_response(send, exc)
                 return
             if body is None:
@@ -173,7 +173,10 @@ class Proxy:
                     return
                 ticket, trace = admitted
                 send = self.progress.follow(ticket, send)
-            status = await self._forward(scope, path_bytes, request.headers, body, send, ticket, trace)
+            forward = partial(self._forward, scope, path_bytes, request.headers, body)  # one try (replay.py)
+            status = await self.replays.forward(
+                forward, send, ticket, trace, len(body), self._upstream_failed
+            )
         except asyncio.CancelledError:
             if not interrupt.absorb():
                 raise
@@ -229,26 +232,6 @@ class Proxy:
             self.config.write_timeout,
         )
 
-    async def _read_body(self, receive: Receive, counter: ElementCounter | None) -> bytes | None:
-        """The whole request body (its chunks are freed on return); None if the client left first;
-        TooManyElements as soon as `counter` says so."""
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.config.max_body:
-                raise _TooLarge
-            if counter is not None:
-                counter.feed(chunk)
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
     async def _forward(
         self,
         scope: Scope,
@@ -260,7 +243,7 @@ class Proxy:
         trace: RequestTrace | None,
     ) -> int:
         """Send the request (to the normalised `path`) upstream and stream the response back; the status the
-        client got."""
+        client got; Lost if it failed and `send` is a HeldStart that sent nothing (replay.py)."""
         target = self._base + path.decode("latin-1")
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
@@ -285,6 +268,10 @@ class Proxy:
             finished = True
             return status
         except aiohttp.ClientError as exc:  # the timeout errors are ClientErrors too
+            if isinstance(send, HeldStart) and not send.sent:
+                if started:  # counted at its head, which never reached the client
+                    self._responses[status] -= 1
+                raise Lost(exc) from exc
             return await self._upstream_failed(exc, started, send)
         finally:
             if response is not None:
@@ -338,18 +325,6 @@ class Proxy:
         message = f"The request body is larger than the gateway's limit of {self.config.max_body} bytes."
         await self._refuse(send, 413, "body_too_large", message)
 
-    async def _discard_body(self, receive: Receive) -> bool:
-        """Read the rest of a refused body (up to max_body), keeping none of it; False if the client left."""
-        size = 0
-        while size <= self.config.max_body:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return False
-            if not message.get("more_body", False):
-                break
-            size += len(message.get("body", b""))
-        return True
-
     async def _too_complex_response(self, send: Send, exc: TooManyElements) -> None:
         why = f"The request body has more JSON elements than the gateway's limit of {exc.limit}."
         await self._refuse(send, 413, "body_too_complex", why)
@@ -387,6 +362,8 @@ class Proxy:
             connections=connections,
             connections_evicted_total=evicted,
             upstream_backoffs_total=0 if self.backoff is None else self.backoff.decreases,
+            replays_total=self.replays.snapshot(),
+            replays_held=self.replays.held,
         )
 
     async def aclose(self) -> None:

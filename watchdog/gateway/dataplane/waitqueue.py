@@ -66,9 +66,12 @@ class WaitQueue(Generic[Outcome]):
         """Waiters by class."""
         return {cls: len(q) for cls, q in zip(self.classes, self._queues, strict=True)}
 
-    def push(self, waiter: Waiter[Outcome]) -> None:
-        """Queue a waiter at the end of its class."""
-        self._queues[waiter.rank].append(waiter)
+    def push(self, waiter: Waiter[Outcome], front: bool = False) -> None:
+        """Queue a waiter at the end of its class (`front`: at its head, for a request replayed)."""
+        if front:
+            self._queues[waiter.rank].appendleft(waiter)
+        else:
+            self._queues[waiter.rank].append(waiter)
         self.waiting += 1
 
     def remove(self, waiter: Waiter[Outcome]) -> None:

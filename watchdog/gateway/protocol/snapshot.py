@@ -10,6 +10,17 @@ from dataclasses import dataclass, field
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "client_disconnect", "client_stalled")
 # The proxy's own refusals (refused_total), besides its listener's (listener.REFUSALS); each exported from 0.
 PROXY_REFUSALS = ("bad_path", "admin_path", "upgrade_not_supported", "body_too_large", "body_too_complex")
+# How each request held for a replay ended (dataplane/replay.py), each exported from 0: the first six once
+# per held request; failed_again for a replay whose upstream failed too (also counted replayed).
+REPLAY_OUTCOMES = (
+    "replayed",
+    "not_drained",
+    "too_many",
+    "too_large",
+    "expired",
+    "client_gone",
+    "failed_again",
+)
 
 # Upper bounds (seconds) of the gateway's latency histograms; +Inf is implied.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -88,6 +99,8 @@ class ProxySnapshot:
     connections: int = 0  # open client connections
     connections_evicted_total: int = 0  # idle connections closed to make room at max_connections
     upstream_backoffs_total: int = 0  # times the in-flight cap was lowered because vLLM answered 503
+    replays_total: Mapping[str, int] = field(default_factory=dict)  # REPLAY_OUTCOMES
+    replays_held: int = 0  # requests held for a replay now
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,174 @@
+"""Replay: a request whose upstream failed before its client got a byte, while the watchdog restarts the
+engine, is held and sent once more to the new engine instead of answered 502.
+
+Which requests: admitted ones (inference POSTs) on their first try, whose response has sent the client
+nothing (the response head is held back until the first body byte, see HeldStart), whose upstream failed
+while the gateway was drained, or when a drain began within `replay.drain_window` of the failure. A failure
+with no drain is not the watchdog's doing: the client gets today's error. The held request waits in the
+admission queue as a drain hold (at the head of its class, up to `drain_max_wait`) and is sent again when the
+drain lifts, with `X-Vllm-Watchdog-Replayed: 1` on its response. At most once: a replay that fails too gets
+today's error. Bounded: `replay.max_held` requests and `replay.max_bytes` of their bodies at once (the bodies
+the proxy already keeps for the request); beyond either, today's error. A client that leaves while held (its
+own deadline) ends the hold: nothing is sent again for it. Only in `drain_mode: hold`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from starlette.types import Message, Send
+
+from ...config.gatewayreplay import ReplayConfig
+from .admission import Gate, Ticket
+from .bodies import RequestTrace
+
+REPLAYED_HEADER = (b"x-vllm-watchdog-replayed", b"1")  # outcomes: protocol.snapshot.REPLAY_OUTCOMES
+DRAIN_POLL = 0.05  # seconds between looks at the drain flag within drain_window
+# One try at forwarding: (send, ticket, trace) -> the status the client got, or Lost.
+Attempt = Callable[[Send, Ticket | None, RequestTrace | None], Awaitable[int]]
+Fail = Callable[[aiohttp.ClientError, bool, Send], Awaitable[int]]  # today's error: (cause, started, send)
+
+
+class Lost(Exception):
+    """The upstream failed and the client has received nothing: the request may be held and replayed."""
+
+    def __init__(self, cause: aiohttp.ClientError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class HeldStart:
+    """A request's `send` that holds the response head back until the first body byte (or the body's end),
+    so that a stream whose upstream fails before its first chunk has told the client nothing; a replay's
+    head says it was replayed."""
+
+    __slots__ = ("_replayed", "_send", "_start", "sent")
+
+    def __init__(self, send: Send, replayed: bool = False) -> None:
+        self._send = send
+        self._replayed = replayed
+        self._start: Message | None = None
+        self.sent = False  # something reached the client
+
+    async def __call__(self, message: Message) -> None:
+        """Hold a response head; send it with the first body byte."""
+        if not self.sent:
+            if message["type"] == "http.response.start":
+                if self._replayed:
+                    message = {**message, "headers": [*message.get("headers", ()), REPLAYED_HEADER]}
+                self._start = message
+                return
+            if not message.get("body") and message.get("more_body", False):
+                return  # an empty chunk says nothing
+            self.sent = True
+            if self._start is not None:
+                await self._send(self._start)
+        await self._send(message)
+
+
+class Replays:
+    """The replay policy of one gateway and its counters; on the gateway's loop."""
+
+    def __init__(
+        self, config: ReplayConfig, gate: Gate, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.hold_mode = True
+        self._gate = gate
+        self._monotonic = monotonic
+        self.held = 0  # requests held now
+        self.held_bytes = 0  # their bodies
+        self.awaiting_drain = 0  # failed while not drained, waiting up to drain_window for a drain
+        self.outcomes: dict[str, int] = {}
+
+    def apply(self, config: ReplayConfig, drain_mode: str) -> None:
+        """Take a reloaded config (caps apply to holds that begin from now)."""
+        self.config = config
+        self.hold_mode = drain_mode == "hold"
+
+    async def forward(
+        self,
+        attempt: Attempt,
+        send: Send,
+        ticket: Ticket | None,
+        trace: RequestTrace | None,
+        size: int,
+        fail: Fail,
+    ) -> int:
+        """Forward with `attempt`; if its upstream fails with nothing sent, hold the request and try once more
+        (or answer today's error with `fail`); the status the client got. `size`: the request body's."""
+        if ticket is None or not self.config.enabled or not self.hold_mode:
+            return await attempt(send, ticket, trace)
+        try:
+            return await attempt(HeldStart(send), ticket, trace)
+        except Lost as lost:
+            cause = lost.cause
+        again = await self.hold(ticket, size)
+        if again is None:
+            return await fail(cause, False, send)
+        replay = HeldStart(send, replayed=True)
+        try:
+            return await attempt(replay, again, trace)
+        except Lost as lost:
+            self.count("failed_again")
+            return await fail(lost.cause, False, replay)
+        finally:
+            again.release()
+
+    def count(self, outcome: str) -> None:
+        """One more of `outcome`."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    async def hold(self, ticket: Ticket, size: int) -> Ticket | None:
+        """After a Lost: wait for the engine to serve again and return the ticket to send the request with;
+        None if it is not replayed (the caller answers today's error). `ticket` is released if it is held."""
+        try:
+            drained = await self._drained()
+        except asyncio.CancelledError:
+            self.count("client_gone")
+            raise
+        if not drained:
+            self.count("not_drained")
+            return None
+        if self.held >= self.config.max_held:
+            self.count("too_many")
+            return None
+        if self.held_bytes + size > self.config.max_bytes:
+            self.count("too_large")
+            return None
+        self.held += 1
+        self.held_bytes += size
+        ticket.release()  # held, it is not in flight: a drain waiting for in-flight requests must not see it
+        try:
+            outcome = await self._gate.readmit(ticket.session, ticket.priority)
+        except asyncio.CancelledError:
+            self.count("client_gone")
+            raise
+        finally:
+            self.held -= 1
+            self.held_bytes -= size
+        if not isinstance(outcome, Ticket):
+            self.count("expired")
+            return None
+        self.count("replayed")
+        return outcome
+
+    async def _drained(self) -> bool:
+        """Whether the gateway is drained now or a drain begins within drain_window."""
+        deadline = self._monotonic() + self.config.drain_window
+        self.awaiting_drain += 1
+        try:
+            while not self._gate.draining:
+                if self._monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(DRAIN_POLL)
+            return True
+        finally:
+            self.awaiting_drain -= 1
+
+    def snapshot(self) -> dict[str, int]:
+        """replays_total by outcome."""
+        return dict(self.outcomes)
