@@ -21,6 +21,7 @@ from ..gateway.config import GatewayConfig, parse_gateway
 from ..integrity.config import IntegrityConfig, parse_integrity
 from ..notifiers.config import NotifierConfig
 from ..redact import Redactor, secret, secret_headers, url_password
+from ..ruler.config import RuleOverride, parse_rule_overrides
 from ..sources.config import GpuConfig, parse_gpus
 from .addresses import http_url, parse_listen
 from .durations import parse_duration
@@ -86,6 +87,7 @@ class Config:
     targets: tuple[TargetConfig, ...] = ()
     gpus: GpuConfig = field(default_factory=GpuConfig)
     rule_files: tuple[str, ...] = ()
+    rule_overrides: tuple[RuleOverride, ...] = ()  # changes to loaded rules by name (ruler/config.py)
     rule_backend: RemoteBackendConfig | None = None  # None: the embedded evaluator
     state_dir: str | None = None  # None: alert state does not survive a restart
     routes: tuple[RouteConfig, ...] = ()
@@ -272,6 +274,7 @@ TOP_LEVEL_KEYS = {
     "targets",
     "gpus",
     "rule_files",
+    "rule_overrides",
     "rule_backend",
     "state_dir",
     "routes",
@@ -343,6 +346,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         targets=tuple(targets),
         gpus=parse_gpus(top["gpus"], http_url) if "gpus" in top else GpuConfig(),
         rule_files=_rule_files(top["rule_files"], base) if "rule_files" in top else (),
+        rule_overrides=parse_rule_overrides(top["rule_overrides"]) if "rule_overrides" in top else (),
         rule_backend=_rule_backend(top["rule_backend"]) if "rule_backend" in top else None,
         state_dir=_state_dir(top["state_dir"], base) if "state_dir" in top else None,
         routes=routes,

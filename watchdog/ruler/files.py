@@ -48,7 +48,7 @@ class RuleGroup:
 
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 
 
@@ -106,7 +106,7 @@ def _check_names(
     """Label and annotation names must be valid; alerting rules' templates must compile (promtool checks)."""
     for key, mapping in (("labels", labels), ("annotations", annotations)):
         for name, text in mapping.items():
-            if not _LABEL_NAME.match(name) or (key == "labels" and name == "__name__"):
+            if not LABEL_NAME.match(name) or (key == "labels" and name == "__name__"):
                 m[key].error(f"invalid {key[:-1]} name: {name}")
             problem = check_template(text) if templated else None
             if problem is not None:

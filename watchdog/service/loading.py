@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from ..config.model import Config, load_config
 from ..errors import ConfigError
 from ..ruler.files import RuleGroup, load_rule_files
+from ..ruler.overrides import apply_overrides
 
 
 def load_all(path: str | None, env: Mapping[str, str]) -> tuple[Config, tuple[RuleGroup, ...]]:
@@ -23,4 +24,4 @@ def load_all(path: str | None, env: Mapping[str, str]) -> tuple[Config, tuple[Ru
         except ConfigError as rules_exc:
             raise ConfigError(exc.problems + rules_exc.problems) from exc
         raise
-    return config, load_rule_files(config.rule_files)
+    return config, apply_overrides(load_rule_files(config.rule_files), config.rule_overrides)
