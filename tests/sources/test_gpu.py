@@ -19,6 +19,7 @@ from vllm_watchdog.service.daemon import Daemon, DaemonOptions
 from vllm_watchdog.sources.gpu import GpuCollector
 from vllm_watchdog.sources.monitor import Monitor, MonitorOptions
 from vllm_watchdog.sources.nvml import NvmlSource
+from vllm_watchdog.sources.nvmlexport import NvmlExport
 from vllm_watchdog.sources.storeneeds import NO_RULES
 from vllm_watchdog.store import SampleStore, is_stale
 
@@ -47,9 +48,13 @@ def test_collector_stores_dcgm_names_and_goes_stale_when_nvml_fails() -> None:
     assert all(is_stale(s.vals[-1]) for s in store.select("DCGM_FI_DEV_GPU_TEMP"))
     (up,) = store.select("up")
     assert list(up.vals) == [1.0, 0.0]
+    assert list(NvmlExport(lambda: collector).collect()) == []  # nothing exported while NVML fails
     fake.clear_failures()
     fake.gpus[0].lost = False
     collector.commit(collector.collect(), 3000, None)  # NVML came back: reopened, fresh samples
+    temps_out = next(f for f in NvmlExport(lambda: collector).collect() if f.name == "DCGM_FI_DEV_GPU_TEMP")
+    assert sorted(s.labels["gpu"] for s in temps_out.samples) == ["0", "1"]
+    assert {s.labels["job"] for s in temps_out.samples} == {"nvml"}
     assert collector.up and list(up.vals) == [1.0, 0.0, 1.0]
     assert not any(is_stale(s.vals[-1]) for s in store.select("DCGM_FI_DEV_GPU_TEMP"))
 
@@ -93,6 +98,11 @@ async def test_daemon_reads_fake_nvml_and_dcgm(tmp_path: Path, fault: FaultServe
             assert jobs == ["dcgm", "nvml"]
             metrics = (await client.get(base + "/metrics")).text
             assert "vllm_watchdog_nvml_up 1.0" in metrics
+            # NVML's reading re-exported under dcgm-exporter's names: the GPU dashboard reads it from a
+            # Prometheus that scrapes the watchdog (honor_labels), with no dcgm-exporter; the dcgm one is not.
+            exported = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+            assert len(exported) == 1 and 'job="nvml"' in exported[0] and 'gpu="0"' in exported[0], exported
+            assert "DCGM_FI_DEV_FB_USED{" in metrics  # a family no rule reads, so not in the store
     finally:
         d.stop()
         await asyncio.wait_for(task, 10)

@@ -20,6 +20,7 @@ from ..listener import Listener
 from ..ruler.evaluation import RuleEvaluation
 from ..scrapelog import ScrapeLog
 from ..sources.monitor import Monitor
+from ..sources.nvmlexport import NvmlExport
 from ..sources.selffeed import SelfFeed
 from .actionmetrics import ActionCollector
 from .actionplane import ActionPlane
@@ -70,6 +71,7 @@ def own_metrics(
     registry.register(GatewayCollector(lambda: g.snapshot if (g := actions.gateway) else None))
     registry.register(ListenerCollector("vllm_watchdog_api_", api_listener))
     registry.register(FdCollector(fd_guard))
+    registry.register(NvmlExport(lambda: mon.gpu))
     registry.register(DiscoveryCollector(discovery))
     ProcessCollector(registry=registry)  # process_*: CPU, memory and descriptors, as Prometheus exports
     return registry, self_feed

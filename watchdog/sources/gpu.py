@@ -22,6 +22,9 @@ class GpuCollector:
         self.last_error: str | None = None
         self._opened = False
         self._series = SeriesCache(store, {"job": "nvml", "instance": instance})
+        self.latest: list[
+            GpuSample
+        ] = []  # the last reading, every family (the store keeps only what rules read)
 
     def collect(self) -> list[GpuSample]:
         """One blocking NVML reading (run it in a thread); errors leave up=0, never raise."""
@@ -43,6 +46,7 @@ class GpuCollector:
     def commit(self, samples: list[GpuSample], t_ms: int, keep: frozenset[str] | None) -> None:
         """Store one reading (or its absence) with job="nvml" and this host as instance."""
         batch: list[tuple[Series, float, int]] = []
+        self.latest = samples if self.up else []
         for name, labels, value in samples:
             if keep is not None and name not in keep:
                 continue
