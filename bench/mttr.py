@@ -105,13 +105,16 @@ class WatchdogStack:
                 await asyncio.sleep(1.0)
         raise RuntimeError(f"vLLM not ready under the watchdog within {limit:.0f} s; see {self.log}")
 
-    def actions(self) -> list[str]:
-        """The audit log's rows, one line each."""
+    def actions(self, fault: float) -> list[str]:
+        """The audit log's rows, one line each, with their steps in seconds from the fault."""
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             rows = httpx.get(self.api + "/api/v1/actions", timeout=10).json()["data"]["history"]
-            return [
-                f"{r['action']} ({r['trigger']}): {r['outcome']}: {r.get('reason', '')}"[:160] for r in rows
-            ]
+            out = []
+            for r in rows:
+                steps = ", ".join(f"{s['step']} {s['at'] - fault:+.0f}s" for s in r.get("steps", []))
+                out.append(f"{r['action']} ({r['trigger']}): {r['outcome']} {r.get('reason', '')}"[:120])
+                out.append(f"  steps: {steps}"[:400])
+            return out
         return []
 
     def stop(self) -> None:
@@ -176,7 +179,12 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
             "exits": list(stack.exits),
         }
         if isinstance(stack, WatchdogStack):
-            out["actions"] = stack.actions()
+            out["actions"] = stack.actions(fault_at)
+        kinds: dict[str, int] = {}
+        for r in clients.requests:
+            if r.phase and r.done is not None and r.done >= fault_at:
+                kinds[r.error[:60]] = kinds.get(r.error[:60], 0) + 1
+        out["error_kinds"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:4])
     finally:
         with contextlib.suppress(Exception):
             if stack.pid() is not None:
@@ -233,6 +241,7 @@ def main() -> int:
                 results.append(r)
                 if "problem" not in r:
                     print(_line(r, args.horizon), flush=True)
+                    print(f"      errors by kind: {r['error_kinds']}")
                     for row in r.get("actions", []):
                         print(f"      audit: {row}")
     print("\nfrom the fault to the first request that succeeds again (goal for the watchdog: <= 75 s, and")
