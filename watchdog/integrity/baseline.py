@@ -14,8 +14,8 @@ from typing import Any
 from ..config.files import UnreadableFileError, read_text
 from .config import KnownPrompt
 from .identity import ModelIdentity
-from .probe import PromptScore
 from .prompts import prompt_digest
+from .scoring import PromptScore
 
 FORMAT = 1
 MAX_BASELINE_BYTES = 4 << 20

@@ -21,9 +21,9 @@ import httpx
 from ..config.targets import TargetConfig
 from .baseline import Baseline, BaselineError, check_pinned, load_learnt, save
 from .config import IntegrityConfig, KnownPrompt
-from .probe import ProbeError, PromptScore, fetch_identity, probe_all
+from .probe import ProbeError, fetch_identity, probe_all
 from .prompts import cost_estimate, prompt_digest, prompt_set
-from .scoring import compare, noise
+from .scoring import PromptScore, compare, noise
 from .targetstate import LEARNT, PINNED, TargetIntegrity
 from .verdict import Verdict, unknown
 

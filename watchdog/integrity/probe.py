@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ import httpx
 from ..config.targets import TargetConfig
 from .config import KnownPrompt
 from .identity import ModelIdentity, launch_flags, weights_fingerprint
+from .scoring import PromptScore
 
 MAX_BODY_BYTES = 4 << 20
 MAX_TOKENS_SCORED = 8192  # prompt tokens of one answer
@@ -27,17 +27,6 @@ MAX_TOKENS_SCORED = 8192  # prompt tokens of one answer
 
 class ProbeError(Exception):
     """A probe that gave no usable answer: the message is one line, without prompt text."""
-
-
-@dataclass(frozen=True)
-class PromptScore:
-    """What one prompt's answer scored: the text's per-token logprobs and the greedy tokens."""
-
-    name: str
-    logprobs: tuple[float, ...]  # every token of prompt + reference after the first, teacher forced
-    greedy: tuple[str, ...]  # the greedy continuation's tokens
-    margins: tuple[float, ...]  # top-1 minus top-2 logprob at each greedy token (inf with one candidate)
-    tokens: int  # what it cost: prompt + completion tokens
 
 
 def headers_of(target: TargetConfig) -> dict[str, str]:

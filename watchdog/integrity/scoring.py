@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .probe import PromptScore
 from .verdict import Verdict
+
+
+@dataclass(frozen=True)
+class PromptScore:
+    """What one prompt's answer scored: the text's per-token logprobs and the greedy tokens."""
+
+    name: str
+    logprobs: tuple[float, ...]  # every token of prompt + reference after the first, teacher forced
+    greedy: tuple[str, ...]  # the greedy continuation's tokens
+    margins: tuple[float, ...]  # top-1 minus top-2 logprob at each greedy token (inf with one candidate)
+    tokens: int  # what it cost: prompt + completion tokens
 
 
 def divergence(base: PromptScore, now: PromptScore) -> float:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .baseline import Baseline
 from .identity import ModelIdentity
-from .probe import PromptScore
+from .scoring import PromptScore
 from .verdict import Verdict
 
 LEARNING, LEARNT, PINNED = "learning", "learnt", "pinned"
