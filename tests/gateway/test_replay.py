@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gateway_upstream import SSE_HEAD, Handler, Seen, Upstream, chunk, echo, sse
+from tests.support.gateway_upstream import SSE_HEAD, Handler, Seen, Upstream, chunk, echo, response_head, sse
 from vllm_watchdog.config.gatewayreplay import ReplayConfig
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
@@ -37,10 +37,12 @@ EVENTS = [
 
 class Engine:
     """The upstream's completions route: each request freezes (after `head`, if given) until stop(), which
-    drops its connection with no (further) byte, as a stopped vLLM does."""
+    drops its connection (after `last`: vLLM's own error for a request whose engine died), as a stopped vLLM
+    does."""
 
-    def __init__(self, head: bytes = b"") -> None:
+    def __init__(self, head: bytes = b"", last: bytes = b"") -> None:
         self.head = head
+        self.last = last
         self.stopped = threading.Event()
         self.frozen = 0  # requests frozen so far
 
@@ -51,6 +53,9 @@ class Engine:
             await writer.drain()
         self.frozen += 1
         await asyncio.to_thread(self.stopped.wait, 30)
+        if self.last:
+            writer.write(self.last)
+            await writer.drain()
         writer.transport.abort()
 
     def stop(self) -> None:
@@ -188,6 +193,57 @@ def test_a_stream_stopped_before_its_first_chunk_is_replayed_as_a_whole_stream(
     assert headers["content-type"] == "text/event-stream"
     assert body == b"".join(EVENTS)
     assert r.outcomes() == {"replayed": 1}
+
+
+DEAD = (
+    b'{"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}}'
+)
+DEAD_500 = (
+    response_head(500, [("Content-Type", "application/json"), ("Content-Length", str(len(DEAD)))]) + DEAD
+)
+DEAD_EVENT = chunk(b"data: " + DEAD + b"\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("head", "last", "streamed"),
+    [(b"", DEAD_500, False), (SSE_HEAD, DEAD_EVENT, True)],
+    ids=["500", "sse-error-event"],
+)
+def test_the_engines_own_error_while_drained_is_replayed(
+    rig: Callable[..., Rig], upstream: Upstream, head: bytes, last: bytes, streamed: bool
+) -> None:
+    r = rig()
+    engine = Engine(head=head, last=last)
+    upstream.routes[PATH] = engine
+    pending = r.stream() if streamed else r.post()
+    eventually(lambda: engine.frozen == 1, "the request reached the engine")
+    r.drain(True)
+    engine.stop()  # vLLM answers what it held with EngineDeadError as its engine goes
+    eventually(lambda: r.proxy().replays_held == 1, "the request is held")
+    revive(upstream, sse(EVENTS) if streamed else echo)
+    r.drain(False)
+    result = pending.result(30)
+    status, headers = (
+        (result[0], result[1]) if isinstance(result, tuple) else (result.status_code, result.headers)
+    )
+    assert (status, headers[REPLAYED]) == (200, "1")
+    assert r.outcomes() == {"replayed": 1}
+    assert r.proxy().responses_total == {"200": 1}
+
+
+def test_the_engines_own_error_without_a_drain_is_forwarded_as_today(
+    rig: Callable[..., Rig], upstream: Upstream
+) -> None:
+    r = rig(replay={"drain_window": 60.0})
+    engine = Engine(last=DEAD_500)
+    upstream.routes[PATH] = engine
+    pending = r.post()
+    eventually(lambda: engine.frozen == 1, "the request reached the engine")
+    engine.stop()
+    response = pending.result(30)
+    assert (response.status_code, response.content) == (500, DEAD)
+    assert REPLAYED not in response.headers
+    assert r.outcomes() == {}
 
 
 def test_a_stream_that_had_sent_a_chunk_is_cut_off_as_today(

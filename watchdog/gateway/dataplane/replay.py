@@ -26,18 +26,24 @@ from .admission import Gate, Ticket
 from .bodies import RequestTrace
 
 REPLAYED_HEADER = (b"x-vllm-watchdog-replayed", b"1")  # outcomes: protocol.snapshot.REPLAY_OUTCOMES
+SSE_ERROR = b'data: {"error"'  # vLLM's error event (create_streaming_error_response), e.g. EngineDeadError
 DRAIN_POLL = 0.05  # seconds between looks at the drain flag within drain_window
 # One try at forwarding: (send, ticket, trace) -> the status the client got, or Lost.
 Attempt = Callable[[Send, Ticket | None, RequestTrace | None], Awaitable[int]]
 Fail = Callable[[aiohttp.ClientError, bool, Send], Awaitable[int]]  # today's error: (cause, started, send)
 
 
-class Lost(Exception):
+class EngineStopped(aiohttp.ClientError):
+    """While drained, the engine answered an error of its own (5xx, or an SSE error event first): vLLM's
+    answer to the requests it held when it was stopped or found its engine dead."""
+
+
+class Lost(aiohttp.ClientError):
     """The upstream failed and the client has received nothing: the request may be held and replayed."""
 
     def __init__(self, cause: aiohttp.ClientError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
+        self.cause: aiohttp.ClientError = cause.cause if isinstance(cause, Lost) else cause
+        super().__init__(str(self.cause))
 
 
 class HeldStart:
@@ -45,24 +51,31 @@ class HeldStart:
     so that a stream whose upstream fails before its first chunk has told the client nothing; a replay's
     head says it was replayed."""
 
-    __slots__ = ("_replayed", "_send", "_start", "sent")
+    __slots__ = ("_drained", "_replayed", "_send", "_start", "sent")
 
-    def __init__(self, send: Send, replayed: bool = False) -> None:
+    def __init__(self, send: Send, drained: Callable[[], bool], replayed: bool = False) -> None:
         self._send = send
+        self._drained = drained  # whether the watchdog is restarting the engine now
         self._replayed = replayed
         self._start: Message | None = None
         self.sent = False  # something reached the client
 
     async def __call__(self, message: Message) -> None:
-        """Hold a response head; send it with the first body byte."""
+        """Hold a response head; send it with the first body byte. Lost for the engine's own error while
+        drained (a 5xx, or an SSE stream whose first event is an error)."""
         if not self.sent:
             if message["type"] == "http.response.start":
+                if message["status"] >= 500 and self._drained():
+                    raise Lost(EngineStopped(f"the model server answered {message['status']} while drained"))
                 if self._replayed:
                     message = {**message, "headers": [*message.get("headers", ()), REPLAYED_HEADER]}
                 self._start = message
                 return
-            if not message.get("body") and message.get("more_body", False):
+            body = message.get("body", b"")
+            if not body and message.get("more_body", False):
                 return  # an empty chunk says nothing
+            if body.startswith(SSE_ERROR) and self._drained():
+                raise Lost(EngineStopped("the model server's stream began with an error while drained"))
             self.sent = True
             if self._start is not None:
                 await self._send(self._start)
@@ -103,18 +116,18 @@ class Replays:
         if ticket is None or not self.config.enabled or not self.hold_mode:
             return await attempt(send, ticket, trace)
         try:
-            return await attempt(HeldStart(send), ticket, trace)
+            return await attempt(HeldStart(send, self._is_drained), ticket, trace)
         except Lost as lost:
             cause = lost.cause
         again = await self.hold(ticket, size)
         if again is None:
             return await fail(cause, False, send)
-        replay = HeldStart(send, replayed=True)
+        replay = HeldStart(send, self._is_drained, replayed=True)
         try:
             return await attempt(replay, again, trace)
         except Lost as lost:
             self.count("failed_again")
-            return await fail(lost.cause, False, replay)
+            return await fail(lost.cause, False, HeldStart(send, lambda: False, replayed=True))
         finally:
             again.release()
 
@@ -155,6 +168,9 @@ class Replays:
             return None
         self.count("replayed")
         return outcome
+
+    def _is_drained(self) -> bool:
+        return self._gate.draining
 
     async def _drained(self) -> bool:
         """Whether the gateway is drained now or a drain begins within drain_window."""
