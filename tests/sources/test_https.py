@@ -229,4 +229,6 @@ async def test_the_readiness_check_after_a_restart_uses_the_targets_tls_and_cred
         assert await ReadyCheck(shared, poll=0.01).wait(cfg.targets[0], 10.0) == (True, "")
     finally:
         await shared.aclose()
-    assert {p for p, a in server.authorizations} == {"/health", "/v1/models", "/v1/completions"}
+    # /ready first (vLLM's readiness endpoint where it has one; 404 here), with the same TLS and credentials
+    assert {p for p, a in server.authorizations} == {"/ready", "/health", "/v1/models", "/v1/completions"}
+    assert {a for p, a in server.authorizations} == {basic("ops", "ready-password")}
