@@ -11,15 +11,18 @@ from vllm_watchdog.actions.kinds import kind_of
 
 ROOT = Path(__file__).resolve().parent.parent.parent / "watchdog"
 KINDS = ROOT / "actions" / "kinds"
-# The same words name other concepts here: the restart flow (plans.py), the restart flow's drain and undrain
-# steps in the audit log (flows.py), and the gateway process's control verb `throttle` (its own protocol).
+# The same words name other concepts here: the restart flow (plans.py), the restart flow's drain, undrain and
+# quarantine steps in the audit log (flows.py), the undrain step of a lifted quarantine (quarantines.py), and
+# the gateway process's control verb `throttle` (its own protocol).
 OTHER_CONCEPTS = {
     ("actions/pipeline/plans.py", "restart"),
     ("actions/pipeline/flows.py", "drain"),
     ("actions/pipeline/flows.py", "undrain"),
+    ("actions/pipeline/flows.py", "quarantine"),
+    ("actions/pipeline/quarantines.py", "undrain"),
 }
 SERVER = {"restart", "disable_draft", "enable_draft", "reconfigure", "recover"}
-GATEWAY = {"throttle", "throttle_session", "drain", "undrain"}
+GATEWAY = {"throttle", "throttle_session", "drain", "undrain", "quarantine"}
 
 
 def _with(trait: str) -> set[str]:
@@ -37,6 +40,7 @@ def test_the_registry_lists_every_kind_in_the_order_the_config_error_names_them(
         "throttle_session",
         "drain",
         "undrain",
+        "quarantine",
         "recover",
     )
     assert all(kind_of(name).name == name for name in kind_names())
@@ -56,7 +60,7 @@ def test_the_sets_derived_from_the_traits_are_the_ones_the_tree_kept_by_hand() -
     assert _with("takes_fleet_slot") == _with("collects_evidence") == SERVER | {"gpu_power_limit"}
     assert _with("relaunches") == SERVER - {"restart", "recover"}
     assert _with("steers_gateway") == GATEWAY
-    assert _with("once_per_episode") == {"throttle", "throttle_session", "drain"}
+    assert _with("once_per_episode") == {"throttle", "throttle_session", "drain", "quarantine"}
     assert _with("holds_gateway_cap") == {"throttle"}
     assert _with("acts_on_session") == {"throttle_session"}
     assert _with("needs_nvml") == {"gpu_power_limit"}
@@ -75,7 +79,7 @@ def test_each_kind_owns_its_defaults_and_keys() -> None:
     assert spec["gpu_power_limit"].keys == ("watts", "ratio")
     quick = {"crash_loop_window": 0.0, "startup_grace": 0.0}
     assert spec["throttle"].defaults == {"cooldown": 60.0, **quick}
-    for name in ("throttle_session", "drain", "undrain"):
+    for name in ("throttle_session", "drain", "undrain", "quarantine"):
         assert spec[name].defaults == {"cooldown": 0.0, **quick}
     assert spec["throttle_session"].keys == ("duration", "max_duration", "reset_after")
 

@@ -118,6 +118,17 @@ def test_bundled_watchdog_yml_holds_the_default_actions_and_routes(tmp_path: Pat
     assert draft.type == "disable_draft" and draft.restore_after == 7200.0
     assert cfg.actions["throttle-gateway"].type == "throttle" and cfg.notifiers == ()
     assert str(cfg.routes[0].matchers[0]) == "alertname=~'VLLMEngineHung|VLLMEngineStalled|VLLMDown'"
+    answers = cfg.actions["answers-restart"]  # one restart for wrong answers, then the quarantine
+    assert answers.type == "restart" and answers.max_per_window is not None and answers.cooldown == 3600.0
+    assert (answers.max_per_window.count, answers.max_per_window.window) == (1, 6 * 3600.0)
+    assert (answers.drain_timeout, answers.stop_timeout, answers.ready_timeout) == (
+        restart.drain_timeout,
+        restart.stop_timeout,
+        restart.ready_timeout,
+    )
+    assert [r.actions for r in cfg.routes if "VLLMAnswersDiverged" in str(r.matchers)] == [
+        ("answers-restart",)
+    ]
 
 
 def test_embedded_defaults_include_the_bundled_file() -> None:
@@ -128,6 +139,7 @@ def test_embedded_defaults_include_the_bundled_file() -> None:
         "throttle-gateway",
         "throttle-heat",
         "session-breaker",
+        "answers-restart",
     } <= set(cfg.actions)
     assert cfg.targets[0].canary.enabled and cfg.gateway is not None
     assert [Path(p).name for p in cfg.rule_files] == ["vllm.rules.yml", "gateway.rules.yml"]

@@ -121,7 +121,12 @@ def test_embedded_defaults_pass_check_and_route_the_bundled_alerts() -> None:
     cfg = load_config(None, env={})
     routed = {m.value for r in cfg.routes for m in r.matchers if m.name == "alertname"}
     assert any("VLLMEngineHung" in v and "VLLMDown" in v for v in routed)
-    assert {"VLLMQueueSaturated", "VLLMSpecDecodeAcceptanceLow", "VLLMGPUHot"} <= routed
+    assert {
+        "VLLMQueueSaturated",
+        "VLLMSpecDecodeAcceptanceLow",
+        "VLLMGPUHot",
+        "VLLMAnswersDiverged",
+    } <= routed
     names = {rule["alert"] for _, rule in ALERTS}
     for value in routed:  # every route names alerts that exist
         assert set(value.split("|")) <= names, value

@@ -31,6 +31,7 @@ from ..redact import Redactor
 from .inbound import BadRequest, inbound_alerts, silence_matchers, string_field, time_field
 from .jsonbodies import JSONAnswer
 from .promjson import ERROR_STATUS
+from .quarantines import QuarantinesApi
 
 MAX_BODY = 1024 * 1024  # an Alertmanager webhook batch can be large; anything bigger is refused
 MANUAL_WAIT_LIMIT = 3600.0
@@ -388,4 +389,10 @@ def control_routes(
 ) -> list[Route]:
     """The routes; ControlGuard in front of the app checks the token; `get_redactor` masks what they show."""
     options = ControlOptions(remediator, gateway, clock, get_redactor)
-    return [*GatewayApi(options).routes(), *RemediationApi(options).routes(), *SilencesApi(options).routes()]
+    quarantines = QuarantinesApi(remediator, clock, options.answer, error_response)
+    return [
+        *GatewayApi(options).routes(),
+        *RemediationApi(options).routes(),
+        *SilencesApi(options).routes(),
+        *quarantines.routes(),
+    ]

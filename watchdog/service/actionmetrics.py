@@ -72,6 +72,8 @@ class ActionCollector(OwnCollector):
             for target in sorted(p.store.drains()):
                 drained.add_metric([target], 1)
             yield drained
+        if want("vllm_watchdog_target_quarantined"):
+            yield _quarantined(p)
         if want("vllm_watchdog_paused"):
             yield GaugeMetricFamily(
                 "vllm_watchdog_paused", "1 in maintenance mode (no actions).", value=int(p.store.paused()[0])
@@ -86,6 +88,19 @@ class ActionCollector(OwnCollector):
         if any(want(name) for name in _NOTIFIER_FAMILIES):
             yield from (family for family in _notifier_families(p) if want(family.name))
         yield from (family for family in fleet_families(p.fleet) if want(family.name))
+
+
+def _quarantined(p: ActionPlane) -> Metric:
+    """1 for a quarantined target, 0 for every other configured one (a lifted quarantine reads 0)."""
+    family = GaugeMetricFamily(
+        "vllm_watchdog_target_quarantined",
+        "1 while the target is quarantined: its known answers stayed wrong, it is kept drained, no restarts.",
+        labels=["target"],
+    )
+    quarantined = p.store.quarantines()
+    for target in sorted({t.name for t in p.config.targets} | set(quarantined)):
+        family.add_metric([target], int(target in quarantined))
+    return family
 
 
 _NOTIFIER_FAMILIES = (

@@ -1,5 +1,8 @@
-"""The kinds that steer the admission gateway in front of a target: throttle, throttle_session, drain and
-undrain. They are cheap and reversible and the gateway answers at once, so they never wait for vLLM."""
+"""The kinds that steer the admission gateway in front of a target: throttle, throttle_session, drain,
+undrain and quarantine. They are cheap and reversible and the gateway answers at once, so they never wait for
+vLLM. A quarantine is a drain that stays (the quarantined rail then refuses restarts) until the target's
+known answers pass again or an operator lifts it (pipeline/quarantines.py): drain-and-page for a watch-only
+target."""
 
 from __future__ import annotations
 
@@ -179,7 +182,53 @@ DRAIN = _kind(
     _plan_drain,
     _set_drain,
 )
-UNDRAIN = _kind(KindSpec("undrain", GATEWAY, {"cooldown": 0.0, **QUICK}), _plan_drain, _set_drain)
+
+
+async def _plan_undrain(act: Act) -> Plan:
+    assert act.gateway is not None  # preflight: a gateway kind needs one
+    q = act.store.quarantines().get(act.target.name)
+    if q is not None:  # a quarantine keeps the target drained until it is lifted
+        return Plan("none", "", skip=f"{act.target.name} is quarantined ({q.reason}): lift the quarantine")
+    return _plan_drain(act.action, act.labels, act.gateway)
+
+
+UNDRAIN = register(Kind(KindSpec("undrain", GATEWAY, {"cooldown": 0.0, **QUICK}), _plan_undrain, _set_drain))
+_PLANNERS[UNDRAIN.name] = _plan_drain
+
+
+def _plan_quarantine(action: ActionConfig, labels: Mapping[str, str], gateway: Gateway) -> Plan:
+    return Plan("gateway", f"quarantine {gateway.target}: hold its requests at the gateway until lifted")
+
+
+async def _plan_quarantine_of(act: Act) -> Plan:
+    assert act.gateway is not None  # preflight: a gateway kind needs one
+    q = act.store.quarantines().get(act.target.name)
+    if q is not None:
+        return Plan("none", "", skip=f"{act.target.name} is quarantined already: {q.reason}")
+    return _plan_quarantine(act.action, act.labels, act.gateway)
+
+
+async def _quarantine(act: Act, plan: Plan, ctx: FlowContext, action_id: int) -> Outcome:
+    assert act.gateway is not None
+    why = f"alert {act.labels.get('alertname', act.action.name)} fired"
+    # the quarantine sets the drain flag too, which the gateway follows
+    ctx.store.quarantine(ctx.target.name, why, ctx.clock(), action_id)
+    ctx.step(action_id, "quarantine", reason=why, in_flight=act.gateway.in_flight())
+    return Outcome("succeeded", f"quarantined: {why}", {"in_flight": act.gateway.in_flight()})
+
+
+QUARANTINE = register(
+    Kind(
+        KindSpec(
+            "quarantine",
+            Traits(steers_gateway=True, once_per_episode=True),
+            {"cooldown": 0.0, **QUICK},
+        ),
+        _plan_quarantine_of,
+        _quarantine,
+    )
+)
+_PLANNERS[QUARANTINE.name] = _plan_quarantine
 
 
 def plan_gateway(action: ActionConfig, labels: Mapping[str, str], gateway: Gateway) -> Plan:

@@ -1,6 +1,6 @@
 """What an operator may ask of the remediation (the API's side of it): its state and the fleet's, pause and
-resume, a manual run, alerts sent in, and silences. The API goes through this interface, never round it to
-the action store."""
+resume, a manual run, alerts sent in, silences and quarantines. The API goes through this interface, never
+round it to the action store."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any, Protocol
 from ...fleet.budget import DisruptionBudget
 from ...notifiers.alert import OutgoingAlert
 from ..store.actionstore import ActionStore
-from ..store.records import Silence
+from ..store.records import Quarantine, Silence
 from .decisions import Job
+from .quarantines import AnswerVerdict, QuarantineBook
 
 
 class RemediationControl(Protocol):
@@ -57,12 +58,21 @@ class RemediationControl(Protocol):
         """End a silence now; False if it is not active."""
         ...
 
+    def quarantines(self) -> dict[str, Quarantine]:
+        """Quarantined targets."""
+        ...
+
+    def lift_quarantine(self, target: str, now: float, why: str) -> bool:
+        """End a target's quarantine and undrain it; False if it was not quarantined."""
+        ...
+
 
 class OperatorControls:
     """The parts of RemediationControl the remediator answers from its store and budget (mixed into it)."""
 
     store: ActionStore
     budget: DisruptionBudget
+    quarantine_book: QuarantineBook
 
     async def fleet_group(self) -> dict[str, Any]:
         """The fleet group as etcd has it now; {"enabled": False} outside a fleet."""
@@ -91,3 +101,16 @@ class OperatorControls:
     def expire_silence(self, silence_id: str, now: float) -> bool:
         """End a silence now; False if there is no such silence or it has ended already."""
         return self.store.expire_silence(silence_id, now)
+
+    def quarantines(self) -> dict[str, Quarantine]:
+        """Quarantined targets: since when, why, by which action, passing checks since."""
+        return self.store.quarantines()
+
+    def lift_quarantine(self, target: str, now: float, why: str) -> bool:
+        """End a target's quarantine by hand and undrain it (an audit row); False if none."""
+        return self.quarantine_book.lift(target, now, "manual", why)
+
+    def answers_checked(self, target: str, verdict: AnswerVerdict, now: float) -> None:
+        """A periodic known-answer check's verdict (integrity's on_verdict): `lift_after` passes in a row lift
+        the target's quarantine."""
+        self.quarantine_book.answers_checked(target, verdict, now)

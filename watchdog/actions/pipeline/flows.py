@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ... import failpoints
 from ...config.targets import TargetConfig
 from ...errors import ActionError
+from ...integrity.verdict import Verdict, unknown
 from ..config import traits_of
 from ..runtimes.runtime import Launch, Runtime
 from ..store.actionstore import ActionStore
@@ -42,6 +43,10 @@ async def _no_evidence() -> None:
     return None
 
 
+async def _no_answer_check() -> Verdict:
+    return unknown("no known-answer check")
+
+
 @dataclass
 class FlowContext:
     """What a flow needs about one target."""
@@ -61,6 +66,9 @@ class FlowContext:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     # Waits for the incident's evidence (within its budget) before the first step that stops or changes vLLM.
     evidence: Callable[[], Awaitable[None]] = _no_evidence
+    # Checks the known answers now (after a restart or relaunch is ready, before traffic comes back): ok None
+    # when it cannot tell (no baseline), which lets the flow go on.
+    verify_answers: Callable[[], Awaitable[Verdict]] = _no_answer_check
 
     async def wait_ready(self, timeout: float) -> tuple[bool, str]:
         """Wait for /health and a canary; give up at once if the server process or container exited."""
@@ -123,9 +131,31 @@ async def _running(ctx: FlowContext) -> float | None:
 
 
 def undrain(ctx: FlowContext, action_id: int) -> None:
-    """Admit requests again."""
+    """Admit requests again, unless the target is quarantined (it stays drained until the quarantine ends)."""
+    if ctx.target.name in ctx.store.quarantines():
+        ctx.step(action_id, "kept_drained", reason="the target is quarantined")
+        return
     ctx.store.set_drain(ctx.target.name, False, ctx.clock(), action_id)
     ctx.step(action_id, "undrain")
+
+
+async def answers_wrong(ctx: FlowContext, action_id: int) -> str:
+    """Check the known answers before traffic comes back (a `verify` step); why they are wrong, "" if they
+    are right or nothing can tell (no baseline yet)."""
+    verdict = await ctx.verify_answers()
+    divergence = None if verdict.divergence != verdict.divergence else verdict.divergence  # nan: unknown
+    ctx.step(action_id, "verify", ok=verdict.ok, divergence=divergence, reason=verdict.reason)
+    if verdict.ok is not False:
+        return ""
+    return verdict.reason or "the known answers diverge"
+
+
+def quarantine(ctx: FlowContext, action_id: int, why: str) -> None:
+    """Keep the target drained and refuse every further action that stops its server, until its answers
+    pass again or an operator lifts the quarantine."""
+    ctx.store.quarantine(ctx.target.name, why, ctx.clock(), action_id)
+    ctx.step(action_id, "quarantine", reason=why)
+    log.error("target quarantined", extra={"target": ctx.target.name, "action_id": action_id, "reason": why})
 
 
 async def restart(
@@ -149,6 +179,10 @@ async def restart(
         ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
             return Outcome("failed", why)
+        wrong = await answers_wrong(ctx, action_id)
+        if wrong:
+            quarantine(ctx, action_id, f"answers still wrong after a restart: {wrong}")
+            return Outcome("failed", "answers still wrong after the restart: quarantined", {"answers": wrong})
         return Outcome("succeeded", "restarted and ready")
     except ActionError as exc:
         return Outcome("failed", str(exc))
@@ -166,7 +200,8 @@ async def relaunch(
     ready_timeout: float,
     stall_after: float = STALL_AFTER,
 ) -> Outcome:
-    """Replace the server with `new`; if it is not ready in time, roll back to the old one exactly."""
+    """Replace the server with `new`; if it is not ready in time or its answers are wrong, roll back to the
+    old one exactly."""
     try:
         await drain(ctx, action_id, drain_timeout, stall_after)
         await ctx.evidence()
@@ -179,6 +214,10 @@ async def relaunch(
         await ctx.enter(action_id, "wait_ready", timeout=ready_timeout)
         ok, why = await ctx.wait_ready(ready_timeout)
         if not ok:
+            return await _roll_back(ctx, action_id, why, stop_timeout, ready_timeout)
+        wrong = await answers_wrong(ctx, action_id)
+        if wrong:
+            why = f"answers wrong after the relaunch: {wrong}"
             return await _roll_back(ctx, action_id, why, stop_timeout, ready_timeout)
         await ctx.runtime.commit()
         ctx.step(action_id, "commit")
@@ -199,6 +238,11 @@ async def _roll_back(
     ok, ready_why = await ctx.wait_ready(ready_timeout)
     if not ok:
         return Outcome("failed", f"{why}; rolled back, but the old server is not ready either: {ready_why}")
+    wrong = await answers_wrong(ctx, action_id)
+    if wrong:
+        quarantine(ctx, action_id, f"answers wrong after a relaunch and after its rollback: {wrong}")
+        wrong_too = "rolled back, but the old server's answers are wrong too: quarantined"
+        return Outcome("failed", f"{why}; {wrong_too}")
     return Outcome("rolled_back", f"{why}; the old server is back and ready")
 
 
@@ -211,36 +255,50 @@ async def reconcile(
     and is ready; one killed before its replacement ran is rolled back (`rolled_back`) or, if nothing was
     replaced yet, ends `failed` with the old server ready. A restart ends `succeeded` once its server is
     ready. A server found stopped, or that exits while it is checked (the killed watchdog had already asked
-    it to stop), is started again.
+    it to stop), is started again. A server found ready has its known answers checked before it is
+    undrained: wrong ones quarantine the target (the outcome is then `failed`).
     """
     try:
-        record = next((r for r in ctx.store.unfinished() if r.id == action_id), None)
-        argv = _replaced_argv(record)
-        if await ctx.runtime.has_previous():
-            return await _settle_replacement(ctx, action_id, argv, stop_timeout, ready_timeout)
-        if not await ctx.runtime.is_running():
-            await ctx.enter(action_id, "reconcile", found="the server stopped")
-            await ctx.runtime.start()
-        else:
-            await ctx.enter(action_id, "reconcile", found="the server running")
-        ok, why = await _ready_or_start(ctx, action_id, ready_timeout)
-        if not ok:
-            return Outcome("failed", f"after a watchdog restart: {why}")
-        if record is None or not traits_of(record.type).relaunches:
-            return Outcome("succeeded", "finished after a watchdog restart: the server is ready")
-        if argv is not None and await _current_args(ctx) == argv:
-            return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready")
-        if any(s.step == "rollback" for s in record.steps):
-            return Outcome("rolled_back", "after a watchdog restart: rolled back; the old server is ready")
-        return Outcome(
-            "failed",
-            "after a watchdog restart: killed before the relaunch replaced anything; "
-            "the server runs its old command line and is ready",
-        )
+        outcome, ready = await _reconciled(ctx, action_id, stop_timeout, ready_timeout)
+        wrong = await answers_wrong(ctx, action_id) if ready else ""
+        if wrong:
+            quarantine(ctx, action_id, f"answers wrong after a watchdog restart: {wrong}")
+            return Outcome("failed", f"{outcome.reason}; but its answers are wrong: quarantined")
+        return outcome
     except ActionError as exc:
         return Outcome("failed", f"after a watchdog restart: {exc}")
     finally:
         undrain(ctx, action_id)
+
+
+async def _reconciled(
+    ctx: FlowContext, action_id: int, stop_timeout: float, ready_timeout: float
+) -> tuple[Outcome, bool]:
+    """How the action left in flight ends, and whether the server is ready now."""
+    record = next((r for r in ctx.store.unfinished() if r.id == action_id), None)
+    argv = _replaced_argv(record)
+    if await ctx.runtime.has_previous():
+        settled = await _settle_replacement(ctx, action_id, argv, stop_timeout, ready_timeout)
+        return settled, settled.outcome != "failed"
+    if not await ctx.runtime.is_running():
+        await ctx.enter(action_id, "reconcile", found="the server stopped")
+        await ctx.runtime.start()
+    else:
+        await ctx.enter(action_id, "reconcile", found="the server running")
+    ok, why = await _ready_or_start(ctx, action_id, ready_timeout)
+    if not ok:
+        return Outcome("failed", f"after a watchdog restart: {why}"), False
+    if record is None or not traits_of(record.type).relaunches:
+        return Outcome("succeeded", "finished after a watchdog restart: the server is ready"), True
+    if argv is not None and await _current_args(ctx) == argv:
+        return Outcome("succeeded", "finished after a watchdog restart: the replacement is ready"), True
+    if any(s.step == "rollback" for s in record.steps):
+        return Outcome("rolled_back", "after a watchdog restart: rolled back; the old server is ready"), True
+    killed = (
+        "after a watchdog restart: killed before the relaunch replaced anything; "
+        "the server runs its old command line and is ready"
+    )
+    return Outcome("failed", killed), True
 
 
 async def _settle_replacement(

@@ -7,6 +7,8 @@ The order, defined once in PIPELINE:
 - preflight: the action can act on the target at all (a runtime of the right kind, NVML, a gateway);
 - rails: the safety rails (rails.py), with the server's start read once for a kind that needs_startup_grace,
   and whether the monitor saw it ready since (which ends the grace);
+- quarantined: a kind that stops_server is refused on a quarantined target (quarantines.py: its answers
+  stayed wrong after a restart; a person must look), but a dead child's respawn is not;
 - nothing_to_do: the kind's plan, which may find nothing to do;
 - dry_run: a dry run reports the plan and stops;
 - state_unwritable: a kind that needs_writable_state is refused while its audit row could not be kept;
@@ -30,10 +32,12 @@ from .decisions import Job
 from .gatewayactions import Gateway
 from .plans import Plan
 from .preflight import server_started_at, unsupported
+from .quarantines import quarantined_reason
 from .rails import Rails, Verdict
 from .removal import REMOVED_RAIL, removed
 
 STATE_RAIL = "state_unwritable"  # the rail that refuses an action while state_dir cannot be written
+QUARANTINE_RAIL = "quarantined"  # the rail that refuses a restart of a target whose answers stayed wrong
 ENGINE_PAUSED = "engine_paused"
 
 
@@ -136,6 +140,18 @@ class RailsGate:
         return Stop(verdict, later=verdict.rail == ENGINE_PAUSED)  # a restore is due again later, not lost
 
 
+class Quarantined:
+    """No action that stops the server of a quarantined target."""
+
+    async def check(self, d: Decision, r: Deciding) -> Stop | None:
+        """Skipped on the quarantined rail, with the quarantine's reason."""
+        job = d.job
+        if not job.action.traits.stops_server or job.trigger == "supervisor":  # a dead child is respawned
+            return None
+        q = r.store.quarantines().get(job.target.name)
+        return None if q is None else Stop(Verdict(False, quarantined_reason(q), QUARANTINE_RAIL))
+
+
 class NothingToDo:
     """The kind's plan; it may find nothing to do."""
 
@@ -208,6 +224,6 @@ class FleetSlot:
         return await self.after.check(d, r)
 
 
-RAILS, PLAN = RailsGate(), NothingToDo()
-AFTER_WAIT = Gates((TargetPresent(), RAILS, PLAN))
-PIPELINE = Gates((Preflight(), RAILS, PLAN, DryRun(), StateWritable(), FleetSlot(AFTER_WAIT)))
+RAILS, QUARANTINED, PLAN = RailsGate(), Quarantined(), NothingToDo()
+AFTER_WAIT = Gates((TargetPresent(), RAILS, QUARANTINED, PLAN))
+PIPELINE = Gates((Preflight(), RAILS, QUARANTINED, PLAN, DryRun(), StateWritable(), FleetSlot(AFTER_WAIT)))

@@ -15,6 +15,7 @@ from ...config.model import Config
 from ...config.targets import TargetConfig
 from ...fleet.budget import NO_BUDGET, DisruptionBudget, note_routed
 from ...gateway.protocol.channel import ChannelError
+from ...integrity.verdict import Verdict as AnswersVerdict
 from ...notifiers.alert import OutgoingAlert
 from ...notifiers.hub import NotificationHub
 from ...statehealth import StateHealth
@@ -33,7 +34,8 @@ from .gates import PIPELINE, Decision, Stop, unrecordable
 from .gatewayactions import Gateway, hold_key
 from .jobqueues import JobQueues
 from .plans import Plan
-from .progress import progress_reader
+from .progress import EngineSteps, progress_reader, unknown_engine
+from .quarantines import LIFT_AFTER, QuarantineBook, no_answer_check
 from .rails import Rails, Verdict
 from .removal import forget_target
 from .restores import Restores
@@ -71,7 +73,7 @@ class RemediatorOptions:
     power: Any | None = None
     gateway: Gateway | None = None
     running_requests: Callable[[str], float | None] = _unknown_requests
-    engine_idle: Callable[[str], float | None] = _unknown_requests  # the drain's progress.engine_idle
+    engine_steps: Callable[[str], EngineSteps] = unknown_engine  # the drain's progress.py
     engine_state: Callable[[str, float], str] = _not_paused  # why an engine is paused or asleep on purpose
     ready_since: Callable[[str, float], bool] = _never_ready  # a server was ready since it (re)started
     clock: Callable[[], float] = time.time
@@ -81,6 +83,9 @@ class RemediatorOptions:
     budget: DisruptionBudget = NO_BUDGET  # the fleet's slots: a disruptive action waits for one (fleet rail)
     # What the evidence collected before a disruptive action reads (the store, the firing alerts, NVML).
     incidents: RecorderOptions = field(default_factory=RecorderOptions)
+    # Known answers checked before an undrain (KnownAnswers.verify); `lift_after` passes end a quarantine.
+    verify_answers: Callable[[TargetConfig, float], Awaitable[AnswersVerdict]] = no_answer_check
+    lift_after: int = LIFT_AFTER
 
 
 class Remediator(OperatorControls):
@@ -97,7 +102,7 @@ class Remediator(OperatorControls):
         self.hub = options.hub
         self.power = options.power
         self.gateway = options.gateway
-        self.running_requests, self.engine_idle = options.running_requests, options.engine_idle
+        self.running_requests, self.engine_steps = options.running_requests, options.engine_steps
         self.engine_state = options.engine_state
         self.ready_since = options.ready_since
         self.clock, self.monotonic, self.sleep = options.clock, options.monotonic, options.sleep
@@ -107,6 +112,8 @@ class Remediator(OperatorControls):
         self.restores = Restores(store)
         self.audit = Audit(store, self.hub, self.dry)
         self.incidents = IncidentRecorder(config, options.incidents)
+        self.verify_answers = options.verify_answers
+        self.quarantine_book = QuarantineBook(store, options.lift_after)
         self._pruned = 0.0
         self.reconciled = asyncio.Event()  # workers wait until actions left in flight by a crash are settled
         self.jobs = JobQueues(
@@ -300,11 +307,12 @@ class Remediator(OperatorControls):
             runtime=runtime or UnavailableRuntime("none", target.name, "no container, command or unit"),
             ready=self.ready,
             running_requests=lambda: self.running_requests(target.name),
-            progress=progress_reader(self._gateway_of(target.name), lambda: self.engine_idle(target.name)),
+            progress=progress_reader(self._gateway_of(target.name), lambda: self.engine_steps(target.name)),
             gateway_in_flight=lambda: self._gateway_in_flight(target.name),
             clock=self.clock,
             monotonic=self.monotonic,
             sleep=self.sleep,
+            verify_answers=lambda: self.verify_answers(target, self.clock()),
             **({"evidence": incident.evidence} if incident is not None else {}),
         )
 
@@ -376,8 +384,9 @@ class Remediator(OperatorControls):
             )
             self.store.finish(record.id, outcome.outcome, self.clock(), outcome.reason)
             self.audit.count(record.action, record.target, outcome.outcome)
+        quarantined = self.store.quarantines()  # kept drained until lifted
         for name in list(self.store.drains()):
-            if name not in self.current:
+            if name not in self.current and name not in quarantined:
                 self.store.set_drain(name, False, self.clock())
         self.reconciled.set()
 

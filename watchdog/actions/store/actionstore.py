@@ -1,6 +1,6 @@
 """What the remediation side remembers across restarts: the action audit log (auditlog.py), saved launch
-specs, drain flags, silences, the pause switch and small keyed values, in one SQLite file (statedb.py: its
-schema, crash safety and what becomes of a file that cannot be used).
+specs, drain flags, quarantines, silences, the pause switch and small keyed values, in one SQLite file
+(statedb.py: its schema, crash safety and what becomes of a file that cannot be used).
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 
 from ...statehealth import StateHealth
 from .auditlog import AuditLog
-from .records import MATCH_OPS, ActionRecord, Silence, StepRecord, parse_silence_matchers
+from .records import MATCH_OPS, ActionRecord, Quarantine, Silence, StepRecord, parse_silence_matchers
 from .statedb import json_text, transaction, writes
 
 __all__ = [
     "MATCH_OPS",
     "ActionRecord",
     "ActionStore",
+    "Quarantine",
     "Silence",
     "StepRecord",
     "parse_silence_matchers",
@@ -99,6 +100,55 @@ class ActionStore(AuditLog):
     def drains(self) -> dict[str, float]:
         """Drained targets and since when."""
         return {str(t): float(s) for t, s in self._db.execute("SELECT target, since FROM drains")}
+
+    # --- quarantines ---
+
+    @writes
+    def quarantine(self, target: str, reason: str, now: float, action_id: int | None = None) -> None:
+        """Quarantine a target: drained (its drain flag set) and no action that stops its server, until the
+        quarantine is lifted; a second quarantine keeps the first one's time and starts its count again."""
+        with transaction(self._db) as db:
+            db.execute(
+                "INSERT INTO quarantines (target, since, reason, action_id, passes) VALUES (?, ?, ?, ?, 0)"
+                " ON CONFLICT (target) DO UPDATE SET reason = excluded.reason,"
+                " action_id = excluded.action_id, passes = 0",
+                (target, now, reason, action_id),
+            )
+            db.execute(
+                "INSERT INTO drains (target, since, action_id) VALUES (?, ?, ?)"
+                " ON CONFLICT (target) DO UPDATE SET action_id = excluded.action_id",
+                (target, now, action_id),
+            )
+        if self.on_drain is not None:
+            self.on_drain(target, True)
+
+    def quarantines(self) -> dict[str, Quarantine]:
+        """Quarantined targets."""
+        rows = self._db.execute("SELECT target, since, reason, action_id, passes FROM quarantines")
+        return {str(r[0]): Quarantine(str(r[0]), float(r[1]), str(r[2]), r[3], int(r[4])) for r in rows}
+
+    @writes
+    def count_pass(self, target: str, passed: bool) -> int:
+        """Count a passing known-answer check of a quarantined target (a failing one starts again at 0);
+        the passes in a row, 0 for a target that is not quarantined."""
+        with transaction(self._db) as db:
+            db.execute(
+                "UPDATE quarantines SET passes = CASE WHEN ? THEN passes + 1 ELSE 0 END WHERE target = ?",
+                (passed, target),
+            )
+            row = db.execute("SELECT passes FROM quarantines WHERE target = ?", (target,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    @writes
+    def lift_quarantine(self, target: str, now: float) -> bool:
+        """End a target's quarantine and undrain it; False if it was not quarantined."""
+        with transaction(self._db) as db:
+            gone = db.execute("DELETE FROM quarantines WHERE target = ?", (target,)).rowcount
+            if gone:
+                db.execute("DELETE FROM drains WHERE target = ?", (target,))
+        if gone and self.on_drain is not None:
+            self.on_drain(target, False)
+        return bool(gone)
 
     # --- silences ---
 

@@ -1,4 +1,5 @@
-"""Records the action state database hands out (audit rows, their steps, silences) and silence matchers."""
+"""Records the action state database hands out (audit rows, their steps, quarantines, silences) and silence
+matchers."""
 
 from __future__ import annotations
 
@@ -50,6 +51,22 @@ class ActionRecord:
         doc = asdict(self)
         doc["steps"] = list(doc["steps"])
         return doc
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A target kept drained because its answers stayed wrong: since when, why, by which action, and how
+    many passing known-answer checks in a row it has had since."""
+
+    target: str
+    since: float
+    reason: str
+    action_id: int | None
+    passes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The quarantine as the API shows it."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,19 @@ _V1 = (
 )
 Migration = Sequence[str] | Callable[[sqlite3.Connection], None]
 """SQL statements, or a function given the connection, that bring the schema from version n-1 to n."""
-MIGRATIONS: Mapping[int, Migration] = {1: _V1}
+_V2 = (  # a target whose answers stayed wrong: kept drained, no restarts, until its answers pass again
+    "CREATE TABLE quarantines (target TEXT PRIMARY KEY, since REAL NOT NULL, reason TEXT NOT NULL,"
+    " action_id INTEGER, passes INTEGER NOT NULL DEFAULT 0)",
+)
+MIGRATIONS: Mapping[int, Migration] = {1: _V1, 2: _V2}
 """The migration hook: version -> its migration; each runs in one transaction with its version bump."""
 SCHEMA_VERSION = max(MIGRATIONS)
-_TABLES = ("actions", "steps", "specs", "drains", "silences", "pause", "kv")
+_TABLES = ("actions", "steps", "specs", "drains", "silences", "pause", "kv", "quarantines")
 _AUTOINCREMENTED = {  # the columns that hold an id of an AUTOINCREMENT table, by table
     "actions": {"id": "actions"},
     "steps": {"id": "steps", "action_id": "actions"},
     "drains": {"action_id": "actions"},
+    "quarantines": {"action_id": "actions"},
 }
 
 
