@@ -67,6 +67,12 @@ async def test_checks_feed_the_store_and_metrics_and_survive_a_reload() -> None:
     )
     rows = store.history(limit=10)
     assert [(r.action, r.trigger, r.target) for r in rows] == [("known-answers", "baseline_learnt", "t0")]
+    paused = rt.state.endpoints["paused"]  # the monitor's engine state: paused on purpose
+    paused.available, paused.value, paused.answered_at = True, True, T0 + 125
+    sent = len(engine.requests)
+    skipped = await wiring.answers.check(rt.config, T0 + 125)
+    assert "paused on purpose" in skipped.reason and len(engine.requests) == sent  # no request would wake it
+    paused.value = False
     baseline = wiring.answers.status("t0").baseline
     reloaded = parse_config(CONFIG.replace("100000", "90000"), "/etc/w.yml")
     mon.apply(reloaded, NO_RULES, now=T0 + 130)
