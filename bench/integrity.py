@@ -2,7 +2,7 @@
 what it costs.
 
 Usage: .venv/bin/python bench/integrity.py [--quick] [--scales 1.001,1.002,...] [--checks 20]
-           [--interval 60] [--soak SECONDS [--soak-interval 10]] [--draft] [--workers 6]
+           [--interval 60] [--soak SECONDS [--soak-interval 20]] [--draft] [--workers 6]
 
 Starts its own vLLM (scripts/serve-vllm.sh, the tiny random Llama, vLLM's default batching) in dev mode
 (VLLM_SERVER_DEV_MODE=1, for `reload_weights`) and drives the watchdog's KnownAnswers directly (no
@@ -22,8 +22,10 @@ that steps one interval per check, so the token budget sees the default schedule
   (d) cost: tokens per check (the checker's own count), tokens per minute at --interval next to
       max_tokens_per_minute, the engine's CPU seconds per check (API server + EngineCore from /proc, its idle
       use subtracted) and wall time per check.
---soak SECONDS: instead of (a)-(d), the periodic check every --soak-interval for SECONDS under mixed traffic
-on the unperturbed engine: false positives and the largest divergence next to the tolerance.
+--soak SECONDS: instead of (a)-(d), the periodic check every --soak-interval (20 s: 3 checks of 140 tokens a
+minute stay under the default budget of 600) for SECONDS under mixed traffic on the unperturbed engine, with
+`confirm` off so that every single probe over the tolerance counts: false positives and the largest
+divergence next to the tolerance.
 --draft: instead, the draft-equivalence check: the baseline learnt on the engine without speculative decoding,
 which is then stopped and relaunched with ngram speculative decoding (tests/support/vllm_server.py
 NGRAM_SPEC); verify() against the same baseline (the identity's key leaves the speculative config out), quiet
@@ -40,6 +42,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -160,10 +163,15 @@ async def _soak(args: argparse.Namespace, b: Bench) -> None:
     tolerance = await _learnt(b)
     b.interval = args.soak_interval
     traffic = MixedTraffic(b.server.url, workers=args.workers)
-    print(f"soak: the periodic check every {args.soak_interval:g} s for {args.soak:g} s under mixed traffic")
+    print(
+        f"soak: the periodic check every {args.soak_interval:g} s for {args.soak:g} s under mixed traffic"
+        " (confirm off: every probe counts)"
+    )
     s = await soak(b, args.soak, traffic)
     _series("unperturbed, mixed traffic", s, tolerance)
     print(f"  false positives (diverged): {s.diverged}; traffic: {traffic_summary(traffic.counts)}")
+    reasons = Counter(v.reason.split(":")[0] for v in s.verdicts if v.ok is None)
+    print(f"  could not tell: {dict(reasons) or 0}")
     print(f"  verdict: {'PASS' if s.diverged == 0 and s.verdicts else 'FAIL'}")
 
 
@@ -204,7 +212,8 @@ async def _draft(args: argparse.Namespace, b: Bench, client: httpx.AsyncClient, 
 async def _run(args: argparse.Namespace, server: VllmServer, tmp: Path) -> None:
     async with httpx.AsyncClient(trust_env=False) as client:
         state_dir = str(tmp / "state")
-        b = Bench(_answers(client, state_dir, IntegrityConfig()), _target(server), server, tmp, args.interval)
+        config = IntegrityConfig(confirm=not args.soak)  # the soak counts every probe, unconfirmed
+        b = Bench(_answers(client, state_dir, config), _target(server), server, tmp, args.interval)
         if args.draft:
             await _draft(args, b, client, state_dir)
         elif args.soak:
@@ -222,7 +231,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=IntegrityConfig().interval, help="check interval (s)")
     ap.add_argument("--trials", type=int, default=2, help="real-time detection trials")
     ap.add_argument("--soak", type=float, default=0.0, help="soak for this many seconds instead")
-    ap.add_argument("--soak-interval", type=float, default=10.0, help="the soak's check interval (s)")
+    ap.add_argument("--soak-interval", type=float, default=20.0, help="the soak's check interval (s)")
     ap.add_argument("--draft", action="store_true", help="the draft-equivalence check instead")
     ap.add_argument("--workers", type=int, default=6, help="mixed-traffic threads")
     args = ap.parse_args()
