@@ -17,7 +17,9 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from tests.support.clock import Clock
+from tests.support.configs import target, write_config
 from tests.support.remediation import ARGS, Hub, Ready, ScriptedRuntime, alert, settle
+from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.config import traits_of
 from vllm_watchdog.actions.pipeline.remediator import Remediator, RemediatorOptions
 from vllm_watchdog.actions.store.actionstore import ActionStore
@@ -264,3 +266,26 @@ async def test_the_quarantine_kind_drains_a_target_and_is_lifted_like_the_others
     for _ in range(3):
         r.answers_checked("vllm-0", RIGHT, clock.now)
     assert r.store.quarantines() == {} and r.store.drains() == {}
+
+
+async def test_the_daemon_wires_the_checks_verdicts_the_verify_and_the_series(tmp_path: Path) -> None:
+    from vllm_watchdog.service.actionmetrics import ActionCollector
+    from vllm_watchdog.service.daemon import Daemon, DaemonOptions
+
+    cfg = write_config(tmp_path, target("http://127.0.0.1:9"), port=free_port())
+    d = Daemon.load(DaemonOptions(str(cfg), env={}))
+    r = d.actions.remediator
+    vllm = r.config.targets[0]
+    verdict = await r.verify_answers(vllm, 0.0)  # its canary is off: the known answers are not checked
+    assert (verdict.ok, verdict.reason) == (None, "no known-answer check on this target")
+    r.store.quarantine("vllm-0", "answers still wrong after a restart", 0.0)
+
+    def quarantined() -> list[tuple[dict[str, str], float]]:
+        (family,) = [f for f in ActionCollector(d.actions).collect() if f.name.endswith("_quarantined")]
+        return [(s.labels, s.value) for s in family.samples]
+
+    assert quarantined() == [({"target": "vllm-0"}, 1.0)]
+    for n in range(r.config.integrity.learn_probes):  # the periodic check's verdicts, as integrity hands them
+        d._answers_checked("vllm-0", RIGHT, float(n))
+    assert r.store.quarantines() == {} and quarantined() == [({"target": "vllm-0"}, 0.0)]
+    r.store.close()

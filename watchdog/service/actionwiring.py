@@ -6,21 +6,24 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from ..actions.pipeline.quarantines import no_answer_check
 from ..actions.runtimes.power import PowerLimiter
 from ..actions.runtimes.targetruntimes import docker_from_env
 from ..actions.store.actionstore import ACTIONS_DB, ActionStore
 from ..config.model import Config
+from ..config.targets import TargetConfig
 from ..fleet.budget import FleetBudget, FleetOptions
 from ..gateway.config import GatewayConfig
 from ..gateway.control.handle import GatewayControl, GatewayControlOptions, queue_time_query
 from ..gateway.control.process import process_link
 from ..gateway.protocol.link import GatewayLink
+from ..integrity.verdict import Verdict
 from ..notifiers.hub import HubOptions, NotificationHub
 from ..promql.engine import Engine
 from ..statehealth import StateHealth
@@ -58,6 +61,8 @@ class ActionPlaneOptions:
     # Whether a target's server was ready (health and canary) since it started at a time: ends the grace.
     ready_since: Callable[[str, float], bool] = _never_ready
     firing: Callable[[], Sequence[Mapping[str, Any]]] = _no_alerts  # the alerts now, for incident bundles
+    # The known answers, checked after a restart or relaunch before it undrains (KnownAnswers.verify).
+    verify_answers: Callable[[TargetConfig, float], Awaitable[Verdict]] = no_answer_check
 
 
 def fleet_member(config: Config) -> str:

@@ -24,13 +24,14 @@ from ..api.app import ApiOptions, build_app
 from ..api.server import API_LIMITS, api_error_body, api_server
 from ..config.httpauth import ClientSettings
 from ..config.model import Config
+from ..config.targets import TargetConfig
 from ..discovery.providers import DiscoveryOptions, TargetDiscovery
 from ..errors import ConfigError
 from ..fdlimits import AcceptErrors, FdReserve, reserving_listener
 from ..gateway.control.feed import GatewayFeed
 from ..gateway.control.metrics import exposition
 from ..gateway.control.process import process_link
-from ..integrity.verdict import Verdict
+from ..integrity.verdict import Verdict, unknown
 from ..listener import Listener, ListenerLimits
 from ..redact import config_secrets
 from ..ruler.evaluation import RuleEvaluation, RuleEvaluationOptions
@@ -169,6 +170,7 @@ class Daemon:
             gateway_link=attach_only if self.options.external_gateway else process_link,
             engine_state=mon.engine_state,
             ready_since=mon.ready_since,
+            verify_answers=self._verify_answers,
             firing=lambda: self.evaluation.manager.alerts_json()["data"]["alerts"],
         )
 
@@ -229,6 +231,14 @@ class Daemon:
 
     def _answers_checked(self, target: str, verdict: Verdict, now: float) -> None:
         """Each periodic known-answer verdict: where the remediator's quarantine book hears it."""
+        self.actions.remediator.answers_checked(target, verdict, now)
+
+    async def _verify_answers(self, target: TargetConfig, now: float) -> Verdict:
+        """A restart's or relaunch's check of the known answers before it undrains; a target the known-answer
+        check does not watch (integrity off, canary off) cannot tell."""
+        if target.name not in self.integrity.checked():
+            return unknown("no known-answer check on this target")
+        return await self.integrity.answers.verify(target, now)
 
     async def _feed_self(self, now: float) -> None:
         """The own metrics that rules read go into the store (job="vllm-watchdog"), as a scrape would."""
