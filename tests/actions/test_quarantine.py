@@ -127,6 +127,8 @@ async def test_answers_still_wrong_after_the_restart_keep_it_drained_and_quarant
     assert steps(r, rec.id)["verify"] == {"ok": False, "divergence": 0.32, "reason": WRONG.reason}
     assert "quarantine" in steps(r, rec.id) and "undrain" not in steps(r, rec.id)
     assert set(r.store.drains()) == {"vllm-0"}  # the gateway keeps holding its requests
+    shown = r.status_json(clock.now)["data"]["quarantined"]  # GET /api/v1/actions
+    assert shown["vllm-0"]["action_id"] == rec.id and shown["vllm-0"]["passes"] == 0
     q = r.store.quarantines()["vllm-0"]
     assert (q.action_id, q.since) == (rec.id, clock.now) and WRONG.reason in q.reason
 

@@ -48,7 +48,7 @@ class Remediation(Protocol):
 
 
 def actions_status(r: Remediation, now: float, limit: int) -> dict[str, Any]:
-    """History, queues, drains, pause, silences, budgets, own alerts, retries and the fleet's slots."""
+    """History, queues, drains, quarantines, pause, silences, budgets, own alerts, retries, the fleet."""
     paused, reason, since = r.store.paused()
     budgets = {
         f"{a.name}/{t.name}": r.rails.budget_left(a, t.name, now)
@@ -68,6 +68,7 @@ def actions_status(r: Remediation, now: float, limit: int) -> dict[str, Any]:
             "running": {t: j.action.name for t, j in r.current.items()},
             "queued": {t: [j.action.name for j in q] for t, q in r.queues.items() if q},
             "drained": r.store.drains(),
+            "quarantined": {t: q.to_json() for t, q in r.store.quarantines().items()},
             "budgets_left": budgets,
             "silences": [s.to_json() for s in r.store.silences(now)],
             "watchdog_alerts": r.alerts.json(),
