@@ -13,14 +13,15 @@ import pytest
 
 from tests.support.clock import Clock
 from vllm_watchdog.actions.config import ActionConfig
-from vllm_watchdog.actions.pipeline.flows import DRAIN_POLL, FlowContext, drain
+from vllm_watchdog.actions.pipeline.flows import FlowContext, drain
 from vllm_watchdog.actions.pipeline.plans import Plan, execute_plan
 from vllm_watchdog.actions.pipeline.progress import (
     RUNNING,
     STALL_AFTER,
     STEPS,
+    EngineSteps,
     Progress,
-    engine_idle,
+    engine_steps,
     stalled_for,
 )
 from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
@@ -34,6 +35,11 @@ from vllm_watchdog.service.actionwiring import ActionPlaneOptions
 from vllm_watchdog.store import STALE_NAN, SampleStore, make_labels
 
 CONFIG = "targets:\n  - {name: vllm-0, url: 'http://127.0.0.1:9'}\n"
+
+
+def frozen(seconds: float) -> Progress:
+    """An engine whose counter stood still for `seconds` while vLLM reported requests running (for longer)."""
+    return Progress(EngineSteps(still=seconds, busy=seconds + 30.0))
 
 
 def context(
@@ -82,7 +88,7 @@ async def test_a_frozen_engine_without_a_gateway_ends_the_drain_after_stall_afte
     # The engine froze just before the drain: its step counter stands still from now on, two requests run.
     store, clock = ActionStore(None), Clock()
     frozen_at = clock.now
-    ctx = context(store, clock, lambda: 2.0, lambda: Progress(engine_idle=clock.now - frozen_at))
+    ctx = context(store, clock, lambda: 2.0, lambda: frozen(clock.now - frozen_at))
     took, step = await drained(ctx, store, clock)
     assert took == pytest.approx(STALL_AFTER)  # not the 60 s drain_timeout
     assert step["ended"] == "stalled: no progress for 5s"
@@ -92,7 +98,7 @@ async def test_a_frozen_engine_without_a_gateway_ends_the_drain_after_stall_afte
 @pytest.mark.anyio
 async def test_an_engine_frozen_long_before_the_drain_is_stopped_at_once() -> None:
     store, clock = ActionStore(None), Clock()
-    ctx = context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=120.0))
+    ctx = context(store, clock, lambda: 1.0, lambda: frozen(120.0))
     took, step = await drained(ctx, store, clock)
     assert took == 0.0
     assert step["ended"] == "stalled: no progress for 120s"
@@ -107,7 +113,7 @@ async def test_a_healthy_engines_requests_finish_even_past_stall_after() -> None
         store,
         clock,
         lambda: 3.0 if clock.now - start < 12.0 else 0.0,
-        lambda: Progress(engine_idle=(clock.now - start) % 1.0),
+        lambda: frozen((clock.now - start) % 1.0),
     )
     took, step = await drained(ctx, store, clock)
     assert took == pytest.approx(12.0)
@@ -125,7 +131,7 @@ async def test_with_neither_signal_the_drain_waits_for_its_timeout_and_says_so()
 @pytest.mark.anyio
 async def test_stall_after_zero_keeps_the_old_wait() -> None:
     store, clock = ActionStore(None), Clock()
-    ctx = context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=600.0))
+    ctx = context(store, clock, lambda: 1.0, lambda: frozen(600.0))
     took, step = await drained(ctx, store, clock, timeout=10.0, stall_after=0.0)
     assert took == pytest.approx(10.0)
     assert step["ended"].startswith("timeout")
@@ -147,7 +153,7 @@ async def test_the_gateway_alone_judges_its_streams_but_not_silent_requests() ->
         store, clock = ActionStore(None), Clock()
         last_byte = clock.now - 1.0
 
-        def progress(silent: int = silent, last_byte: float = last_byte) -> Progress:
+        def progress(silent: int = silent, last_byte: float = last_byte, clock: Clock = clock) -> Progress:
             return Progress(upstream=UpstreamProgress(2, clock.now - last_byte, silent))
 
         ctx = context(store, clock, lambda: 2.0, progress, gateway=lambda: 2)
@@ -168,7 +174,7 @@ async def test_the_plan_passes_the_actions_stall_after_to_the_drain() -> None:
         raise Stopped  # the drain is done by now: stop before the runtime is touched
 
     ctx = replace(
-        context(store, clock, lambda: 1.0, lambda: Progress(engine_idle=clock.now - frozen_at)),
+        context(store, clock, lambda: 1.0, lambda: frozen(clock.now - frozen_at)),
         evidence=evidence,
     )
     action = ActionConfig("a", "restart", stall_after=2.0)
@@ -182,13 +188,20 @@ async def test_the_plan_passes_the_actions_stall_after_to_the_drain() -> None:
     ("progress", "running", "expected"),
     [
         (Progress(), 2.0, None),
-        (Progress(engine_idle=7.0), 2.0, 7.0),
-        (Progress(engine_idle=7.0, upstream=UpstreamProgress(2, 1.0, 0)), 2.0, 1.0),  # a stream moves
-        (Progress(engine_idle=1.0, upstream=UpstreamProgress(2, 9.0, 2)), 2.0, 1.0),  # the engine steps
+        (frozen(7.0), 2.0, 7.0),
+        (Progress(EngineSteps(still=7.0)), 2.0, 0.0),  # no word of requests running: it may just be idle
+        (Progress(EngineSteps(still=7.0, busy=2.0)), 2.0, 2.0),  # idle until a request came 2 s ago
+        (frozen(7.0), 2.0, 7.0),
         (Progress(upstream=UpstreamProgress(2, 9.0, 0)), 2.0, 9.0),
         (Progress(upstream=UpstreamProgress(2, 9.0, 1)), 2.0, None),  # a silent one only steps can tell
         (Progress(upstream=UpstreamProgress(2, 9.0, 0)), 3.0, None),  # vLLM runs one the gateway never saw
-        (Progress(engine_idle=6.0, upstream=UpstreamProgress(0, None, 0)), 1.0, 6.0),  # gateway empty
+        (Progress(frozen(7.0).engine, UpstreamProgress(2, 1.0, 0, 9.0)), 2.0, 1.0),  # a stream moves
+        (Progress(frozen(1.0).engine, UpstreamProgress(2, 9.0, 2, 9.0)), 2.0, 1.0),  # the engine steps
+        # vLLM's gauge froze with the engine at 0; the gateway's oldest request was sent 8 s ago: the engine
+        # has had work for 8 s, and not one step.
+        (Progress(EngineSteps(still=60.0, busy=0.0), UpstreamProgress(1, 8.0, 1, 8.0)), 1.0, 8.0),
+        (Progress(EngineSteps(still=60.0), UpstreamProgress(1, 8.0, 1, 8.0)), 1.0, 8.0),
+        (Progress(frozen(6.0).engine, UpstreamProgress(0, None, 0)), 1.0, 6.0),  # the gateway has none
     ],
 )
 def test_stalled_for_takes_the_least_idle_signal_that_can_tell(
@@ -197,25 +210,26 @@ def test_stalled_for_takes_the_least_idle_signal_that_can_tell(
     assert stalled_for(progress, running) == expected
 
 
-def test_engine_idle_counts_only_the_time_the_counter_stood_still_while_requests_ran() -> None:
+def test_engine_steps_reads_how_long_the_counter_stood_still_and_requests_ran() -> None:
     ts = [1000, 2000, 3000, 4000, 5000, 6000]
-    # Idle engine (0 running) for 3 scrapes, then a request runs and the counter stops: stood still 2 s.
+    # Idle (0 running) for 3 scrapes, then a request runs and the counter stops.
     steps = [(ts, [10.0, 10.0, 10.0, 10.0, 10.0, 10.0])]
     running = [(ts, [0.0, 0.0, 0.0, 1.0, 1.0, 1.0])]
-    assert engine_idle(steps, running, now=6.5, fresh=2.0) == pytest.approx(2.0)
-    # Moving on every scrape: 0; a second engine that moves makes it 0 too.
-    assert engine_idle([(ts, [1.0, 2, 3, 4, 5, 6])], running, now=6.5, fresh=2.0) == 0.0
+    assert engine_steps(steps, running, now=6.5, fresh=2.0) == EngineSteps(still=5.0, busy=2.0)
+    # Moving on every scrape: 0; a second engine that moves makes it 0 too; the gauge sums the engines.
+    assert engine_steps([(ts, [1.0, 2, 3, 4, 5, 6])], running, now=6.5, fresh=2.0).still == 0.0
     both = [*steps, (ts, [1.0, 2, 3, 4, 5, 6])]
-    assert engine_idle(both, running, now=6.5, fresh=2.0) == 0.0
-    # Stale samples (the scrapes stopped) and staleness markers tell nothing.
-    assert engine_idle(steps, running, now=60.0, fresh=2.0) is None
+    other = (ts, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0])  # engine 1 ran one just before engine 0
+    assert engine_steps(both, [*running, other], now=6.5, fresh=2.0) == EngineSteps(still=0.0, busy=3.0)
+    # Stale samples (the scrapes stopped) tell nothing; staleness markers are no samples.
+    assert engine_steps(steps, running, now=60.0, fresh=2.0) == EngineSteps()
     gone = [([*ts, 7000], [10.0, 10.0, 10.0, 10.0, 10.0, 10.0, STALE_NAN])]
-    assert engine_idle(gone, running, now=7.5, fresh=2.0) == pytest.approx(2.0)
-    assert engine_idle([], running, now=6.5, fresh=2.0) is None
+    assert engine_steps(gone, running, now=7.5, fresh=2.0) == EngineSteps(still=5.0, busy=2.0)
+    assert engine_steps([], [], now=6.5, fresh=2.0) == EngineSteps()
 
 
 @pytest.mark.anyio
-async def test_the_action_plane_reads_the_engine_idle_time_from_the_sample_store() -> None:
+async def test_the_action_plane_reads_the_engine_steps_from_the_sample_store() -> None:
     clock = Clock()
     samples = SampleStore(retention=600.0)
     config = parse_config(CONFIG, "c.yml")
@@ -225,11 +239,11 @@ async def test_the_action_plane_reads_the_engine_idle_time_from_the_sample_store
             engine=lambda: Engine(samples), client_factory=lambda *a, **k: httpx.AsyncClient(), clock=clock
         ),
     )
-    assert plane.engine_idle("vllm-0") is None  # nothing scraped yet
+    assert plane.engine_steps("vllm-0") == EngineSteps()  # nothing scraped yet
     base = {"target": "vllm-0", "engine": "0"}
-    for second in range(30):  # 20 s moving, then frozen with 2 running
+    for second in range(30):  # 20 s moving, then frozen; 2 running from second 10 on
         t_ms = int((clock.now - 30 + second) * 1000)
         samples.append(make_labels(STEPS, base), t_ms, float(min(second, 20)))
-        samples.append(make_labels(RUNNING, base), t_ms, 2.0)
-    assert plane.engine_idle("vllm-0") == pytest.approx(9.0)
-    assert plane.engine_idle("other") is None
+        samples.append(make_labels(RUNNING, base), t_ms, 2.0 if second >= 10 else 0.0)
+    assert plane.engine_steps("vllm-0") == EngineSteps(still=9.0, busy=19.0)
+    assert plane.engine_steps("other") == EngineSteps()

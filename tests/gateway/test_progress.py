@@ -16,7 +16,7 @@ from tests.support.clock import Clock
 from tests.support.gateway_upstream import Upstream, hang, sse
 from tests.support.vllm_server import free_port
 from vllm_watchdog.actions.pipeline.flows import FlowContext, drain
-from vllm_watchdog.actions.pipeline.progress import progress_reader
+from vllm_watchdog.actions.pipeline.progress import EngineSteps, progress_reader
 from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
 from vllm_watchdog.actions.runtimes.targetruntimes import UnavailableRuntime
 from vllm_watchdog.actions.store.actionstore import ActionStore
@@ -110,23 +110,42 @@ async def test_streams_report_their_last_chunk_and_silent_requests_are_counted(
     first = asyncio.Event()
     rig.stream(first)
     await asyncio.wait_for(first.wait(), 10)
-    assert await rig.progress() == UpstreamProgress(1, 0.0, 0)
+    assert await rig.progress() == UpstreamProgress(1, 0.0, 0, 0.0)
     rig.clock.advance(7.0)
-    assert await rig.progress() == UpstreamProgress(1, 7.0, 0)  # the stream heard nothing for 7 s
+    assert await rig.progress() == UpstreamProgress(1, 7.0, 0, 7.0)  # the stream heard nothing for 7 s
     rig.plain()  # sent now: it heard nothing yet, which only vLLM's steps can judge
     await rig.until(2)
     rig.clock.advance(3.0)
-    assert await rig.progress() == UpstreamProgress(2, 3.0, 1)
+    assert await rig.progress() == UpstreamProgress(2, 3.0, 1, 10.0)
     go.set()  # the stream ends: only the silent one is left
     await rig.until(1)
-    assert await rig.progress() == UpstreamProgress(1, 3.0, 1)
+    assert await rig.progress() == UpstreamProgress(1, 3.0, 1, 3.0)
 
 
-async def test_a_drain_in_front_of_a_frozen_stream_ends_after_stall_after(rig: Rig, upstream: Upstream) -> None:
+@pytest.mark.parametrize(
+    ("streamed", "engine", "took", "ended"),
+    [
+        # A stream that stopped: the gateway alone can tell.
+        (True, EngineSteps(), 5.0, "stalled: no progress for 5s"),
+        # A non-streamed request, no word from the engine: it may be moving without a byte.
+        (False, EngineSteps(), 20.0, "timeout: still running after 20s"),
+        # The same with the engine's counter still for a minute and its gauge frozen at 0 with it: the engine
+        # has had the gateway's request for 5 s without a step.
+        (False, EngineSteps(still=60.0, busy=0.0), 5.0, "stalled: no progress for 5s"),
+    ],
+)
+async def test_a_drain_in_front_of_a_frozen_engine_ends_after_stall_after(
+    rig: Rig, upstream: Upstream, streamed: bool, engine: EngineSteps, took: float, ended: str
+) -> None:
     upstream.routes["/v1/completions"] = sse([b"data: first\n\n", b"data: [DONE]\n\n"], threading.Event())
-    first = asyncio.Event()
-    rig.stream(first)
-    await asyncio.wait_for(first.wait(), 10)
+    upstream.routes["/v1/chat/completions"] = hang(upstream)
+    if streamed:
+        first = asyncio.Event()
+        rig.stream(first)
+        await asyncio.wait_for(first.wait(), 10)
+    else:
+        rig.plain()
+        await rig.until(1)
     target = parse_config("targets:\n  - {name: vllm-0, url: 'http://127.0.0.1:9'}\n", "c.yml").targets[0]
 
     async def in_flight() -> int | None:
@@ -143,19 +162,17 @@ async def test_a_drain_in_front_of_a_frozen_stream_ends_after_stall_after(rig: R
         ready=ReadyCheck(rig.client),
         running_requests=lambda: None,  # no vLLM gauge, no engine steps: the gateway alone
         gateway_in_flight=in_flight,
-        progress=progress_reader(rig.control, lambda: None),
+        progress=progress_reader(rig.control, lambda: engine),
         clock=rig.clock,
         monotonic=rig.clock,
         sleep=sleep,
     )
     action_id = rig.store.begin("restart", "restart", "vllm-0", "VLLMEngineHung", {}, False, rig.clock())
     start = rig.clock.now
-    await drain(ctx, action_id, 60.0, 5.0)
-    assert rig.clock.now - start == pytest.approx(5.0)
+    await drain(ctx, action_id, 20.0, 5.0)
+    assert rig.clock.now - start == pytest.approx(took)
     steps = next(r for r in rig.store.history(limit=5) if r.id == action_id).steps
-    assert [s.details for s in steps if s.step == "drained"] == [
-        {"running": 1.0, "ended": "stalled: no progress for 5s"}
-    ]
+    assert [s.details for s in steps if s.step == "drained"] == [{"running": 1.0, "ended": ended}]
 
 
 async def test_an_old_gateway_and_an_old_daemon_still_understand_each_other(upstream: Upstream) -> None:
@@ -170,7 +187,7 @@ async def test_an_old_gateway_and_an_old_daemon_still_understand_each_other(upst
         assert await old.link.request("set_drain", {"drained": False}) == 1
         assert await LocalLink.request(old.link, "set_drain", {"drained": False, "progress": True}) == {
             "in_flight": 1,
-            "progress": {"in_flight": 1, "idle": 0.0, "silent": 1},
+            "progress": {"in_flight": 1, "idle": 0.0, "silent": 1, "oldest": 0.0},
         }
     finally:
         await old.aclose()
@@ -182,9 +199,16 @@ def test_an_answer_the_daemon_cannot_read_gives_the_count_and_no_progress() -> N
         2,
         UpstreamProgress(2, 1.5, 0),
     )
-    assert read_drain_answer({"in_flight": 2, "progress": {"in_flight": 2, "idle": 1.5, "new": 1}}) == (2, None)
+    assert read_drain_answer({"in_flight": 2, "progress": {"in_flight": 2, "idle": 1.5, "new": 1}}) == (
+        2,
+        None,
+    )
     assert read_drain_answer({"in_flight": 2, "progress": {"in_flight": 2, "idle": "nan"}}) == (2, None)
     assert read_drain_answer({"in_flight": 2, "progress": {"in_flight": 2, "idle": -1.0}}) == (2, None)
+    assert read_drain_answer({"in_flight": 2, "progress": {"in_flight": 2, "idle": 1, "oldest": "inf"}}) == (
+        2,
+        None,
+    )
     for bad in ({"progress": {}}, {"in_flight": True}, "2", None):
         with pytest.raises(TypeError):
             read_drain_answer(bad)

@@ -6,7 +6,7 @@ import logging
 import math
 
 from ..actions.incidents.recorder import RecorderOptions
-from ..actions.pipeline.progress import RUNNING, STEPS, engine_idle
+from ..actions.pipeline.progress import RUNNING, STEPS, EngineSteps, engine_steps
 from ..actions.pipeline.remediator import Remediator, RemediatorOptions
 from ..actions.pipeline.supervisor import retire_child
 from ..actions.runtimes.process import ProcessRuntime
@@ -68,7 +68,7 @@ class ActionPlane:
             power=self.power,
             gateway=self.gateway,
             running_requests=self.running_requests,
-            engine_idle=self.engine_idle,
+            engine_steps=self.engine_steps,
             engine_state=options.engine_state,
             ready_since=options.ready_since,
             clock=self.clock,
@@ -115,19 +115,19 @@ class ActionPlane:
         store, None if unknown (the drain adds the gateway's own count: flows._running)."""
         return self.query_value(f'sum(vllm:num_requests_running{{target="{target}"}})')
 
-    def engine_idle(self, target: str) -> float | None:
-        """Seconds a target's engine-step counter stood still while it ran requests, from the last 5 minutes
-        of the sample store (the drain's progress, actions/pipeline/progress.py); None if unknown."""
+    def engine_steps(self, target: str) -> EngineSteps:
+        """How long a target's engine-step counter stood still and vLLM ran requests, from the last 5 minutes
+        of the sample store (the drain's progress, actions/pipeline/progress.py)."""
         now, selector = self.clock(), f'{{target="{target}"}}[5m]'
         try:
             steps = self.engine().query(STEPS + selector, now)
             running = self.engine().query(RUNNING + selector, now)
         except QueryError:
-            return None
+            return EngineSteps()
         if not isinstance(steps, Matrix) or not isinstance(running, Matrix):
-            return None
+            return EngineSteps()
         fresh = 2 * self.config.global_.scrape_interval + 2.0  # an older newest sample tells nothing of now
-        return engine_idle(((s.ts, s.vals) for s in steps), ((s.ts, s.vals) for s in running), now, fresh)
+        return engine_steps(((s.ts, s.vals) for s in steps), ((s.ts, s.vals) for s in running), now, fresh)
 
     async def start(self) -> None:
         """Start the gateway (if any); reconcile actions a killed watchdog left in flight, then make sure

@@ -23,12 +23,25 @@ Points = tuple[Sequence[int], Sequence[float]]
 
 
 @dataclass(frozen=True)
-class Progress:
-    """What the drain knows of whether the requests in flight move: seconds vLLM's step counter stood still
-    while it ran requests (None: unknown), and the gateway's word on its own requests (None: no gateway, or
-    one that does not tell)."""
+class EngineSteps:
+    """What the sample store says of a target's engine, each up to its newest sample (None: unknown): seconds
+    its step counter stood still, and seconds vLLM reported requests running without a break."""
 
-    engine_idle: float | None = None
+    still: float | None = None
+    busy: float | None = None
+
+
+def unknown_engine(target: str) -> EngineSteps:
+    """No sample store to ask: the engine's steps are unknown."""
+    return EngineSteps()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the drain knows of whether the requests in flight move: the engine's steps, and the gateway's word
+    on its own requests (None: no gateway, or one that does not tell)."""
+
+    engine: EngineSteps = EngineSteps()
     upstream: UpstreamProgress | None = None
 
 
@@ -46,7 +59,7 @@ def stalled_for(progress: Progress, running: float) -> float | None:
     upstream = progress.upstream
     if upstream is not None and (upstream.in_flight == 0 or upstream.idle is None):
         upstream = None  # nothing of the gateway's in flight: it tells nothing about what vLLM runs
-    engine = progress.engine_idle
+    engine = engine_stalled_for(progress.engine, upstream)
     if upstream is None or upstream.idle is None:
         return engine
     if engine is not None:
@@ -55,34 +68,54 @@ def stalled_for(progress: Progress, running: float) -> float | None:
     return upstream.idle if unseen == 0 else None
 
 
-def engine_idle(steps: Iterable[Points], running: Iterable[Points], now: float, fresh: float) -> float | None:
-    """Seconds the step counter (each series of `steps`) stood still while vLLM ran requests (the sum of
-    `running` above 0 at the same scrape), up to its newest sample; None without a sample newer than `fresh`
-    seconds. With several series (one per engine), the least: any engine that steps is progress."""
+def engine_stalled_for(engine: EngineSteps, upstream: UpstreamProgress | None) -> float | None:
+    """Seconds the step counter stood still while the engine had work: vLLM reported requests running, or the
+    gateway's oldest request in flight was with it (a frozen engine's own gauge stops with it, at the count it
+    had); an engine idle until a request came a moment ago is not frozen. None if the counter is unknown."""
+    if engine.still is None:
+        return None
+    oldest = upstream.oldest if upstream is not None and upstream.oldest is not None else 0.0
+    return min(engine.still, max(engine.busy or 0.0, oldest))
+
+
+def engine_steps(steps: Iterable[Points], running: Iterable[Points], now: float, fresh: float) -> EngineSteps:
+    """EngineSteps from the samples of the step counter (a series per engine: the least time still of any, as
+    one that steps is progress) and of the running gauge (summed per scrape); a series whose newest sample is
+    older than `fresh` seconds tells nothing of now."""
+    still: float | None = None
+    for ts, vals in steps:
+        points = _fresh(ts, vals, now, fresh)
+        if points:
+            seconds = _trailing(points, points[-1][1].__eq__)
+            still = seconds if still is None else min(still, seconds)
     busy: dict[int, float] = {}
     for ts, vals in running:
-        for t, v in zip(ts, vals, strict=True):
-            if v == v:  # noqa: PLR0124 (a NaN, a staleness marker among them, is no sample)
-                busy[t] = busy.get(t, 0.0) + v
-    least: float | None = None
-    for ts, vals in steps:
-        points = [(t, v) for t, v in zip(ts, vals, strict=True) if v == v]  # noqa: PLR0124
-        if not points or now * 1000.0 - points[-1][0] > fresh * 1000.0:
-            continue
-        newest, value = points[-1]
-        since = newest
-        for t, v in reversed(points):
-            if v != value or busy.get(t, 0.0) <= 0:
-                break
-            since = t
-        idle = (newest - since) / 1000.0
-        least = idle if least is None else min(least, idle)
-    return least
+        for t, v in _fresh(ts, vals, now, fresh):
+            busy[t] = busy.get(t, 0.0) + v
+    total = sorted(busy.items())
+    return EngineSteps(still, _trailing(total, lambda v: v > 0) if total else None)
 
 
-def progress_reader(gateway: Gateway | None, engine: Callable[[], float | None]) -> Callable[[], Progress]:
-    """The drain's view of a target: its engine's idle seconds (from the sample store) and what the gateway in
-    front said in its last set_drain answer (the drain asks it again on every poll)."""
+def _fresh(ts: Sequence[int], vals: Sequence[float], now: float, fresh: float) -> list[tuple[int, float]]:
+    """The samples that are numbers (not NaN, staleness markers among them); none if the newest is stale."""
+    points = [(t, v) for t, v in zip(ts, vals, strict=True) if v == v]  # noqa: PLR0124 (the NaN test)
+    return points if points and now * 1000.0 - points[-1][0] <= fresh * 1000.0 else []
+
+
+def _trailing(points: Sequence[tuple[int, float]], holds: Callable[[float], bool]) -> float:
+    """Seconds from the earliest sample of the unbroken run of samples that hold to the newest (0 if the
+    newest does not hold)."""
+    newest = since = points[-1][0]
+    for t, v in reversed(points):
+        if not holds(v):
+            break
+        since = t
+    return (newest - since) / 1000.0
+
+
+def progress_reader(gateway: Gateway | None, engine: Callable[[], EngineSteps]) -> Callable[[], Progress]:
+    """The drain's view of a target: its engine's steps (from the sample store) and what the gateway in front
+    said in its last set_drain answer (the drain asks it again on every poll)."""
 
     def read() -> Progress:
         return Progress(engine(), gateway.progress() if gateway is not None else None)

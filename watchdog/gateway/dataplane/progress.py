@@ -17,12 +17,13 @@ from ..protocol.progress import UpstreamProgress
 
 
 class _Heard:
-    """One request's last upstream byte (monotonic; when it was sent upstream until its first body byte)."""
+    """One request: when it was sent upstream, and its last upstream body byte (monotonic; when it was sent,
+    until its first)."""
 
-    __slots__ = ("at", "body")
+    __slots__ = ("at", "body", "sent")
 
-    def __init__(self, at: float) -> None:
-        self.at = at
+    def __init__(self, sent: float) -> None:
+        self.sent = self.at = sent
         self.body = False
 
 
@@ -50,10 +51,12 @@ class ProgressTracker:
         self._requests.pop(key, None)
 
     def report(self) -> UpstreamProgress:
-        """How long since any request in flight last heard from the upstream, and how many heard no body."""
+        """How long since any request in flight last heard from the upstream, how many heard no body, and how
+        long since the oldest was sent."""
         heard = list(self._requests.values())
         if not heard:
-            return UpstreamProgress(0, None, 0)
-        newest = max(h.at for h in heard)
+            return UpstreamProgress(0, None, 0, None)
+        now = self._monotonic()
+        newest, oldest = max(h.at for h in heard), min(h.sent for h in heard)
         silent = sum(1 for h in heard if not h.body)
-        return UpstreamProgress(len(heard), max(0.0, self._monotonic() - newest), silent)
+        return UpstreamProgress(len(heard), max(0.0, now - newest), silent, max(0.0, now - oldest))

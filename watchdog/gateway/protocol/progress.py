@@ -18,12 +18,14 @@ from .codec import decode, encode
 @dataclass(frozen=True)
 class UpstreamProgress:
     """The gateway's requests in flight: how many, seconds since the newest upstream body byte to any of them
-    (or since it was sent, for one that heard none yet; None when nothing is in flight), and how many heard no
-    body byte yet (a non-streamed response, a stream before its first chunk: only vLLM's steps tell)."""
+    (or since it was sent, for one that heard none yet; None when nothing is in flight), how many heard no
+    body byte yet (a non-streamed response, a stream before its first chunk: only vLLM's steps tell), and
+    seconds since the oldest was sent (vLLM has had work that long)."""
 
     in_flight: int
     idle: float | None
     silent: int = 0
+    oldest: float | None = None
 
 
 def drain_answer(in_flight: int, progress: UpstreamProgress | None) -> int | dict[str, Any]:
@@ -44,9 +46,13 @@ def read_drain_answer(answer: object) -> tuple[int, UpstreamProgress | None]:
             progress: UpstreamProgress | None = decode(UpstreamProgress, answer.get("progress"))
         except (TypeError, ValueError):
             progress = None
-        if progress is not None and progress.idle is not None and not 0 <= progress.idle < math.inf:
+        if progress is not None and not all(_seconds(s) for s in (progress.idle, progress.oldest)):
             progress = None
         return count, progress
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         raise TypeError("set_drain: the answer holds no in-flight count")
     return int(answer), None
+
+
+def _seconds(value: float | None) -> bool:
+    return value is None or 0 <= value < math.inf
