@@ -54,6 +54,7 @@ def test_known_answers_column_off_unverified_and_against_the_learnt_baseline(
         target(vllm_server.url, "llm", canary={"timeout": "30s"}),
         target(vllm_server.url, "quiet"),
         port=free_port(),
+        integrity=True,
     )
     assert main(["targets", "-c", str(cfg)]) == EXIT_OK
     rows = {row.split()[0]: row for row in capsys.readouterr().out.splitlines()[1:]}

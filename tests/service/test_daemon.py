@@ -29,7 +29,7 @@ def daemon_config(tmp_path: Path, target_url: str, port: int, rest: str = "") ->
     in memory); then `rest`."""
     path = tmp_path / "watchdog.yml"
     canary = {"interval": "1s", "timeout": "2s"}
-    path.write_text(watchdog_yaml(target(target_url, canary=canary), port=port, rest=rest))
+    path.write_text(watchdog_yaml(target(target_url, canary=canary), port=port, rest=rest, integrity=True))
     return path
 
 
@@ -148,6 +148,7 @@ async def test_invalid_reload_keeps_old_config_and_reports(daemon: tuple[Daemon,
     assert not ok and problems == [
         f"{cfg}:{line}: bogus: unknown key (allowed: actions, api_token, docker_sd_configs, dry_run, external_url, "
         "file_sd_configs, fleet, gateway, global, gpus, incidents, include, integrity, listen, notifiers, routes, rule_backend, rule_files, "
+        "rule_overrides, "
         "runbook_base_url, state_dir, targets)"
     ]
     assert [t for t in d.monitor.targets] == ["vllm-0"]
