@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_watchdog.config.model import DEFAULT_RUNBOOK_BASE_URL, parse_config
+from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
 from vllm_watchdog.notifiers.alert import OutgoingAlert
 from vllm_watchdog.notifiers.alertmanager import postable_alert
@@ -72,10 +72,14 @@ def test_a_relative_runbook_url_resolves_against_the_runbook_base(tmp_path: Path
     assert sent["Elsewhere"].annotations["runbook_url"] == "https://wiki.example/vllm#elsewhere"
 
 
-def test_the_default_runbook_base_is_the_projects_docs(tmp_path: Path) -> None:
-    sent = _sent(tmp_path, "")
-    assert sent["Backlog"].annotations["runbook_url"] == DEFAULT_RUNBOOK_BASE_URL + "docs/runbooks.md#backlog"
-    assert DEFAULT_RUNBOOK_BASE_URL.startswith("https://github.com/")
+def test_the_default_runbook_base_is_the_watchdogs_own_page(tmp_path: Path) -> None:
+    """Unset, the base is the external URL: the watchdog serves docs/runbooks.md there (tests/api/test_runbooks.py)."""
+    sent = _sent(tmp_path, "listen: 127.0.0.1:9555\n")
+    assert sent["Backlog"].annotations["runbook_url"] == "http://127.0.0.1:9555/docs/runbooks.md#backlog"
+    sent = _sent(tmp_path, "external_url: https://watchdog.example/dog/\n")
+    assert (
+        sent["Backlog"].annotations["runbook_url"] == "https://watchdog.example/dog/docs/runbooks.md#backlog"
+    )
 
 
 def test_external_url_is_an_http_url_without_query_or_fragment(tmp_path: Path) -> None:

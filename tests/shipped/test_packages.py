@@ -19,3 +19,18 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
     assert listed - tree == {"vllm_watchdog.rules"}, (
         "listed but not in watchdog/ (rules/ is mapped on its own)"
     )
+
+
+def test_every_data_file_of_the_tree_is_package_data() -> None:
+    """A file the package reads at run time (defaults/*.yml, the served runbooks) must match a package-data glob,
+    or the wheel leaves it out and the installed watchdog fails where the checkout works."""
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = globs["vllm_watchdog"]
+    data = [
+        p.relative_to(ROOT / "watchdog")
+        for p in (ROOT / "watchdog").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert Path("defaults/runbooks.html") in data
+    missed = [str(p) for p in data if not any(p.match(g) for g in patterns)]
+    assert missed == [], "add these to [tool.setuptools.package-data] vllm_watchdog"

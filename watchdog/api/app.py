@@ -41,6 +41,7 @@ from .jsonbodies import JSONAnswer
 from .prometheus import MAX_BODY as MAX_QUERY_BODY
 from .prometheus import READ_POSTS, QueryApi, QueryOptions, query_routes
 from .queryrunner import QueryRunner
+from .runbooks import runbooks_handler
 from .samples import samples_route
 from .targets import targets_json
 
@@ -162,6 +163,8 @@ def build_app(options: ApiOptions) -> Starlette:
         samples_route(lambda: monitor.store, redactor, runner),
         *query_routes(query),
         Route("/graph", graph_handler(QueryApi(query), options.clock)),
+        Route("/runbooks", runbooks_handler()),
+        Route("/docs/runbooks.md", runbooks_handler()),  # the bundled rules' runbook_url, made absolute
         Route("/api/v1/alerts", own.alerts),
         Route("/api/v1/rules", own.rules),
         Route("/-/reload", own.reload, methods=["POST"]),

@@ -34,9 +34,6 @@ from .targets import DEFAULT_JOB, TargetConfig, parse_target
 from .yamlnodes import Node, Problems, compose, shown_value
 
 DEFAULTS_NAME = "<embedded defaults>"
-# Where a relative `runbook_url` annotation (the bundled rules' `docs/runbooks.md#...`) resolves by default:
-# this project's repository root on GitHub. Point `runbook_base_url` at your own copy or docs site instead.
-DEFAULT_RUNBOOK_BASE_URL = "https://github.com/vllm-watchdog/vllm-watchdog/blob/main/"
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -97,7 +94,7 @@ class Config:
     incidents: IncidentConfig = field(default_factory=IncidentConfig)  # evidence before disruptive actions
     # The watchdog's own URL as people reach it (Prometheus' --web.external-url): alerts' generatorURL.
     external_url: str = ""  # "": Prometheus' default for the listen address (web_external_url)
-    runbook_base_url: str = ""  # a relative runbook_url annotation resolves against it; "": left as is
+    runbook_base_url: str = ""  # relative runbook_url annotations resolve against it; "": the watchdog's own
     gateway: GatewayConfig | None = None  # None: no admission gateway
     fleet: FleetConfig | None = None  # None: this watchdog decides alone (no shared disruption budget)
     file_sd_configs: tuple[FileSdConfig, ...] = ()  # targets listed in files (Prometheus' file_sd)
@@ -111,6 +108,12 @@ class Config:
     def web_external_url(self) -> str:
         """`external_url`, or http://<listen host>:<port> when the config sets none (as Prometheus does)."""
         return self.external_url or default_external_url(self.listen_host, self.listen_port)
+
+    @property
+    def web_runbook_base_url(self) -> str:
+        """`runbook_base_url`, or the external URL when the config sets none: the bundled rules' relative
+        `docs/runbooks.md#<alert>` then opens the runbooks the watchdog serves itself (api/runbooks.py)."""
+        return self.runbook_base_url or self.web_external_url + "/"
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -365,7 +368,7 @@ def parse_config(text: str, source: str, env: Mapping[str, str] | None = None) -
         integrity=parse_integrity(top["integrity"], base) if "integrity" in top else IntegrityConfig(),
         external_url=(_external_url(top["external_url"]) if "external_url" in top else None) or "",
         runbook_base_url=(top["runbook_base_url"].parsed(http_url) if "runbook_base_url" in top else None)
-        or DEFAULT_RUNBOOK_BASE_URL,
+        or "",
         env_secrets=tuple(problems.secrets),
     )
     if problems.items:

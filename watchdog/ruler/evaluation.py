@@ -197,7 +197,7 @@ def _manager_options(
         g.evaluation_interval,
         external_labels=g.external_labels,
         external_url=config.web_external_url,
-        runbook_base=config.runbook_base_url,
+        runbook_base=config.web_runbook_base_url,
         state_path=state,
     )
 
