@@ -71,6 +71,8 @@ class ActionPlane:
             engine_steps=self.engine_steps,
             engine_state=options.engine_state,
             ready_since=options.ready_since,
+            verify_answers=options.verify_answers,
+            lift_after=self.config.integrity.learn_probes,  # passing checks in a row end a quarantine
             clock=self.clock,
             monotonic=self.monotonic,
             state=self.health,
