@@ -1,13 +1,19 @@
 """Load benchmark: vllm-watchdog vs. Prometheus 2.42 scraping N fake vLLM targets every 1 s.
 
-Usage: .venv/bin/python bench/scrape.py [--targets 1,8,100] [--warmup 20] [--duration 60] [--rss-every S]
-       [--json PATH]
+Usage: .venv/bin/python bench/scrape.py [--targets 1,8,100] [--mode both|live|static] [--warmup 20]
+       [--duration 60] [--rss-every S] [--profile DIR] [--json PATH]
 
 First times parsing one real vLLM 0.32 /metrics payload (prometheus_client, our `parse`, and the
 daemon's hot path `ScrapeTarget.ingest` with a warm cache), before any load runs. Then serves the
 payload from N loopback ports (nginx, or a one-process asyncio server if nginx is unavailable),
 runs the daemon and Prometheus side by side against them with the bundled rules, and after a
-warm-up measures CPU, RSS, missed deadlines and skipped scrapes over a window. With several target counts
+warm-up measures CPU, RSS, missed deadlines and skipped scrapes over a window. Two modes (`--mode both`,
+the default, runs static then live for each target count and prints them side by side): static serves the
+capture as it is (no counter ever moves, so every rate() is 0 and most rules return nothing); live serves it
+with every counter, histogram bucket, _count and _sum advancing on every scrape at a busy server's rates
+(bench/_live_targets.py), as under real traffic. `--profile DIR` records the daemon with py-spy over the
+window and prints where its CPU goes (rule evaluation, parse, store, HTTP, scheduling, self feed).
+With several target counts
 (`--targets 1,8,100`) it runs one load after the other and ends with the cost per target (CPU ms per target
 per second) of both. A long window (`--duration 1800`) also prints both processes' RSS every 10 minutes
 (`--rss-every` to choose), to show whether memory stays flat. Prints numbers, ratios and informational
@@ -35,7 +41,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _profile
 import httpx
+from _live_targets import serve_live
 from parse import median_seconds  # bench/ is on sys.path when run as a script
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -120,8 +128,14 @@ def ensure_nginx() -> str | None:
     return shutil.which("nginx", path=path)
 
 
-def start_targets(tmp: Path, ports: list[int], lifetime: float) -> tuple[subprocess.Popen[bytes], str]:
-    """Serve the fixture at /metrics (and 200 at /health) on every port; return process and kind."""
+def start_targets(
+    tmp: Path, ports: list[int], lifetime: float, live: bool
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Serve the fixture at /metrics (and 200 at /health) on every port; return process and kind. Live: the
+    counters move on every scrape (one python asyncio process); static: nginx serves the file as it is."""
+    if live:
+        argv = [sys.executable, __file__, "--serve-live", str(lifetime), *map(str, ports)]
+        return spawn(argv, tmp / "targets.log"), "live: counters moving, python asyncio"
     nginx = ensure_nginx()
     if nginx is None:
         argv = [sys.executable, __file__, "--serve", str(lifetime), *map(str, ports)]
@@ -269,7 +283,8 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
     dport, pport, *tports = free_ports(args.targets + 2)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        targets, res["targets_server"] = start_targets(tmp, tports, args.warmup + args.duration + 120)
+        life = args.warmup + args.duration + 120
+        targets, res["targets_server"] = start_targets(tmp, tports, life, args.mode == "live")
         procs.append(targets)
         wait_http([f"http://127.0.0.1:{p}/health" for p in tports], targets, tmp / "targets.log", 15.0)
         daemon_argv, prom_argv = write_configs(tmp, dport, pport, tports)
@@ -284,6 +299,8 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
         d0, p0 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
         busy0, cpu0, m0 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
         rss_start = {k: rss_mib(v) for k, v in groups.items()}
+        prof = tmp / f"daemon-{args.mode}-{args.targets}.txt"
+        spy = _profile.start(daemon.pid, args.duration, prof) if args.profile else None
         rss_max = dict.fromkeys(groups, 0.0)
         every = args.rss_every or (600.0 if args.duration >= 1200 else 0.0)
         res["rss_over_time"] = over_time = [(0.0, rss_start["daemon"], rss_start["prometheus"], store(dport))]
@@ -299,6 +316,10 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
                       f"samples of {held[1]:.0f} series", flush=True)  # fmt: skip
             time.sleep(min(1.0, left))
         busy1, cpu1, m1 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
+        if spy is not None:
+            spy.wait(60)
+            res["profile"] = _profile.report(prof, args.duration)
+            shutil.copy(prof, args.profile / prof.name) if prof.exists() else None
         d1, p1 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
         window = res["window_s"] = m1 - m0
         res["machine_busy_pct"] = 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
@@ -340,7 +361,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     for key, label in rows.items():
         print(f"  {label:<52}{p[key] * 1e3:8.3f} ms  {p[key] / lib:6.3f}x library")
     d, pr, t, window = res["daemon"], res["prometheus"], res["targets"], res["window_s"]
-    print(f"\nload: {args.targets} targets ({res['targets_server']}), scrape + evaluation interval 1 s, "
+    print(f"\nload ({args.mode}): {args.targets} targets ({res['targets_server']}), scrape + evaluation 1 s, "
           f"warm-up {args.warmup:g} s, window {window:.1f} s")  # fmt: skip
     heads = f"{'CPU % of a core':>16}{'RSS start MiB':>14}{'RSS end MiB':>14}{'RSS max MiB':>14}"
     print(f"  {'process':<28}{heads}")
@@ -382,13 +403,21 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(_goal("zero missed deadlines", f"{d['missed_delta']:.0f}", d["missed_delta"] == 0))
 
 
-def per_target(runs: dict[int, dict[str, Any]]) -> None:
-    """CPU ms per target per second (a % of one core is 10 ms/s), for each target count, both processes."""
-    print("\ncost per target (CPU ms per target per second of scraping and rule evaluation):")
-    print(f"  {'targets':>8}{'vllm-watchdog':>16}{'prometheus':>14}{'ratio':>8}")
-    for n, res in sorted(runs.items()):
-        d, p = (res[k]["cpu_pct"] * 10 / n for k in ("daemon", "prometheus"))
-        print(f"  {n:>8}{d:16.3f}{p:14.3f}{d / p if p else float('inf'):8.2f}")
+def per_target(runs: dict[tuple[int, str], dict[str, Any]]) -> None:
+    """Both modes side by side for each target count: CPU and RSS of both processes and their ratios, and the
+    cost per target (CPU ms per target per second; a % of one core is 10 ms/s)."""
+    print(
+        "\nside by side (CPU % of one core, RSS max MiB; ratio = vllm-watchdog / prometheus in the same run):"
+    )
+    head = f"{'CPU wd':>9}{'CPU prom':>10}{'ratio':>7}{'RSS wd':>9}{'RSS prom':>10}{'ratio':>7}"
+    print(f"  {'targets':>8} {'mode':<7}{head}{'ms/target/s wd':>16}{'prom':>8}")
+    for (n, mode), res in sorted(runs.items()):
+        d, p = res["daemon"], res["prometheus"]
+        cpu_r = d["cpu_pct"] / p["cpu_pct"] if p["cpu_pct"] else float("inf")
+        rss_r = d["rss_max_mib"] / p["rss_max_mib"] if p["rss_max_mib"] else float("inf")
+        cost = f"{d['cpu_pct'] * 10 / n:16.3f}{p['cpu_pct'] * 10 / n:8.3f}"
+        print(f"  {n:>8} {mode:<7}{d['cpu_pct']:9.1f}{p['cpu_pct']:10.1f}{cpu_r:7.2f}{d['rss_max_mib']:9.1f}"
+              f"{p['rss_max_mib']:10.1f}{rss_r:7.2f}{cost}")  # fmt: skip
 
 
 def main() -> int:
@@ -403,13 +432,23 @@ def main() -> int:
         default=0.0,
         help="print both RSS every this many seconds of the window (default: 600 from a 1200 s window on)",
     )
+    ap.add_argument("--mode", choices=("both", "live", "static"), default="both",
+                    help="live: counters move every scrape; static: the capture as is; both")  # fmt: skip
+    ap.add_argument(
+        "--profile", type=Path, help="record the daemon with py-spy; save the stacks in this folder"
+    )
     ap.add_argument("--runs", type=int, default=51, help="parse timing runs (default 51)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)  # internal: LIFETIME PORT...
+    ap.add_argument("--serve-live", nargs="+", help=argparse.SUPPRESS)  # internal: LIFETIME PORT...
     args = ap.parse_args()
-    if args.serve:
-        asyncio.run(_serve([int(p) for p in args.serve[1:]], float(args.serve[0])))
+    if args.serve or args.serve_live:
+        lifetime, *ports = args.serve or args.serve_live
+        server = _serve if args.serve else lambda p, t: serve_live(FIXTURE.read_text(), p, t)
+        asyncio.run(server([int(p) for p in ports], float(lifetime)))
         return 0
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     if not os.access(PROMETHEUS, os.X_OK):
         print(f"{PROMETHEUS} not found: install it with `apt-get install prometheus`", file=sys.stderr)
         return 2
@@ -418,16 +457,17 @@ def main() -> int:
     base: dict[str, Any] = {"nproc": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     base |= {"python": f"Python {platform.python_version()}", "payload_kb": len(text.encode()) / 1000}
     base |= {"samples": len(parse(text)), "parse": parse_timings(text, args.runs)}
-    runs: dict[int, dict[str, Any]] = {}
-    for n in [int(x) for x in str(args.targets).split(",")]:
-        run_args = argparse.Namespace(**{**vars(args), "targets": n})
-        res = runs[n] = dict(base)
+    runs: dict[tuple[int, str], dict[str, Any]] = {}
+    modes = ("static", "live") if args.mode == "both" else (args.mode,)
+    for n, mode in itertools.product([int(x) for x in str(args.targets).split(",")], modes):
+        run_args = argparse.Namespace(**{**vars(args), "targets": n, "mode": mode})
+        res = runs[n, mode] = dict(base) | {"mode": mode}
         with tempfile.TemporaryDirectory(prefix="vw-bench-") as tmp:
             run_load(run_args, Path(tmp), res)
         report(res, run_args)
     per_target(runs)
     if args.json:
-        saved = {str(n): r for n, r in runs.items()}
+        saved = {f"{n}/{mode}": r for (n, mode), r in runs.items()}
         args.json.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     return 0
 
