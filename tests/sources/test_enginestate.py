@@ -252,3 +252,30 @@ def test_an_unknown_sleep_state_is_read_as_not_awake() -> None:
         'vllm:engine_sleep_state{sleep_state="level_3"} is 1, a state not known to be awake, engine 1)'
     )
     assert asleep_in_store(sleep_states(two), "other", T0 + 1, 300.0) == ""
+
+
+UNHEALTHY = STATE_SERIES["unhealthy"]
+
+
+async def test_engines_waiting_for_a_fault_tolerance_retry_are_counted(fault: FaultServer) -> None:
+    """vLLM 0.32 with --enable-fault-tolerance: an engine whose loop raised says `unhealthy` and waits for
+    an orchestrator; without fault tolerance the route is absent (404), asked once per server start."""
+    fault.vllm_like("")
+    mon = monitor(fault.url)
+    await probed(mon, T0)
+    assert value(mon, UNHEALTHY, T0) is None and asked(fault, "/fault_tolerance/status") == 1
+    await probed(mon, T0 + 1)
+    assert asked(fault, "/fault_tolerance/status") == 1  # the 404 is remembered
+    fault.set("/health", "", status=503)  # the server restarts, now with fault tolerance
+    await probed(mon, T0 + 2)
+    fault.set("/health", "")
+    engines = [{"id": 0, "status": "unhealthy", "fault_info": "RuntimeError"}, {"id": 1, "status": "healthy"}]
+    fault.set("/fault_tolerance/status", {"schema_version": 1, "total_engines": 2, "engines": engines})
+    await probed(mon, T0 + 3)
+    assert value(mon, UNHEALTHY, T0 + 3) == 1.0
+    assert mon.engine_state("t", T0 + 3) == ""  # not paused on purpose: a fault, for the recover action
+    engines[0] = {"id": 0, "status": "healthy"}
+    fault.set("/fault_tolerance/status", {"schema_version": 1, "total_engines": 2, "engines": engines})
+    await probed(mon, T0 + 4)
+    assert value(mon, UNHEALTHY, T0 + 4) == 0.0
+    await mon.aclose()

@@ -27,10 +27,19 @@ import httpx
 
 from ..store import SampleStore
 
-STATE_SERIES = {"paused": "vllm_watchdog_engine_paused", "sleeping": "vllm_watchdog_engine_sleeping"}
+STATE_SERIES = {
+    "paused": "vllm_watchdog_engine_paused",
+    "sleeping": "vllm_watchdog_engine_sleeping",
+    "unhealthy": "vllm_watchdog_engines_unhealthy",
+}
 """Endpoint kind -> the series the monitor writes for it under the target's job and instance: 1 if the last
 answer was true, 0 if false or if the endpoint did not answer; absent where the server has no such endpoint
-(or while it is down)."""
+(or while it is down). `unhealthy`: how many engines `GET /fault_tolerance/status` (vLLM's
+`--enable-fault-tolerance`) last said are `unhealthy`, waiting for an orchestrator's retry (the `recover`
+action is one)."""
+BOOLEAN_STATES = ("paused", "sleeping")  # asked at GET /is_<kind>
+FAULT_PATH = "/fault_tolerance/status"
+MAX_ENGINES = 1024
 SLEEP_STATE = "vllm:engine_sleep_state"
 SLEEP_STATES = frozenset({"awake", "weights_offloaded", "discard_all"})  # vLLM 0.32's sleep_state values
 FRESH = 30.0  # seconds an answer stays believed if no newer probe ran (it runs every scrape interval)
@@ -50,7 +59,7 @@ class StateEndpoint:
     @property
     def path(self) -> str:
         """The endpoint's path."""
-        return f"/is_{self.kind}"
+        return FAULT_PATH if self.kind == "unhealthy" else f"/is_{self.kind}"
 
     def forget(self) -> None:
         """The server went away: ask again once it is back (it may come back without dev mode)."""
@@ -75,14 +84,15 @@ class EngineStateProbe:
         self.client = client
         self.timeout = timeout
         self.monotonic = monotonic
-        self.endpoints = {kind: StateEndpoint(kind) for kind in STATE_SERIES}
+        self.endpoints = {kind: StateEndpoint(kind) for kind in BOOLEAN_STATES}
+        self.fault = StateEndpoint("unhealthy")  # its value: whether any engine is unhealthy
+        self.unhealthy = 0  # how many engines said so, in the last answer
 
     async def probe(self, now: float) -> None:
         """Ask every endpoint the server has (or may have) once, all at once (a probe takes at most one
         timeout); never raises for target faults."""
-        await asyncio.gather(
-            *(self._ask(ep, now) for ep in self.endpoints.values() if ep.available is not False)
-        )
+        asks = [self._ask(ep, now) for ep in self.endpoints.values() if ep.available is not False]
+        await asyncio.gather(*asks, *([self._ask_fault(now)] if self.fault.available is not False else []))
 
     async def _ask(self, ep: StateEndpoint, now: float) -> None:
         try:
@@ -112,21 +122,47 @@ class EngineStateProbe:
         ep.available, ep.value, ep.answered_at, ep.last_error = True, value, now, None
         return None
 
+    async def _ask_fault(self, now: float) -> None:
+        """GET /fault_tolerance/status: 404 where the server runs without fault tolerance."""
+        ep = self.fault
+        try:
+            resp = await self.client.get(self.base_url + ep.path, timeout=self.timeout)
+        except (httpx.HTTPError, ValueError) as exc:
+            return self._unanswered(ep, f"{type(exc).__name__}: {exc}")
+        if resp.status_code in (404, 405):
+            ep.forget()
+            ep.available, ep.last_error = False, f"HTTP status {resp.status_code}: not available"
+            return None
+        try:
+            engines = resp.json().get("engines") if resp.status_code == 200 else None
+        except (ValueError, AttributeError):
+            engines = None
+        if not isinstance(engines, list) or len(engines) > MAX_ENGINES:
+            return self._unanswered(ep, f"{ep.path}: HTTP status {resp.status_code}, no list of engines")
+        self.unhealthy = sum(1 for e in engines if isinstance(e, dict) and e.get("status") == "unhealthy")
+        ep.available, ep.value, ep.answered_at, ep.last_error = True, self.unhealthy > 0, now, None
+        return None
+
     def _unanswered(self, ep: StateEndpoint, error: str) -> None:
         # No answer is no evidence: the engine is not taken for paused (a frozen engine core answers nothing).
         ep.value, ep.since, ep.last_error = None, None, error
 
     def server_down(self) -> None:
         """/health failed: the server may restart with other flags, so every endpoint is asked again."""
-        for ep in self.endpoints.values():
+        for ep in (*self.endpoints.values(), self.fault):
             ep.forget()
 
     def samples(self) -> dict[str, float | None]:
         """Series name -> value to store now (1 or 0), or None where the series should be absent."""
-        return {
+        out = {
             STATE_SERIES[kind]: (1.0 if ep.value else 0.0) if ep.available else None
             for kind, ep in self.endpoints.items()
         }
+        fault = self.fault
+        out[STATE_SERIES["unhealthy"]] = (
+            (float(self.unhealthy) if fault.value else 0.0) if fault.available else None
+        )
+        return out
 
     def reason(self, now: float) -> str:
         """Why the engine is paused or asleep on purpose, by its own endpoints; "" if they do not say so."""

@@ -151,4 +151,9 @@ _PROBE_FAMILIES = (
         "1 if vLLM's GET /is_sleeping last answered true (also while paused), 0 if false or no answer; "
         "absent without dev mode.",
     ),
+    (
+        STATE_SERIES["unhealthy"],
+        "Engines vLLM's GET /fault_tolerance/status last said are unhealthy (waiting for a retry), 0 if none "
+        "or no answer; absent without --enable-fault-tolerance.",
+    ),
 )
