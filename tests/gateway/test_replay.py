@@ -105,13 +105,15 @@ class Rig:
 
         return self.pool.submit(run)
 
-    def stream(self) -> Future[tuple[int, dict[str, str], bytes | str]]:
+    def stream(
+        self, body: dict[str, Any] = STREAM, path: str = PATH
+    ) -> Future[tuple[int, dict[str, str], bytes | str]]:
         """A streamed request in the background: status, headers and its body, or the error that cut it off."""
 
         def run() -> tuple[int, dict[str, str], bytes | str]:
             with (
                 httpx.Client(timeout=60) as client,
-                client.stream("POST", self.gw.url + PATH, json=STREAM) as r,
+                client.stream("POST", self.gw.url + path, json=body) as r,
             ):
                 got = b""
                 try:
@@ -246,22 +248,119 @@ def test_the_engines_own_error_without_a_drain_is_forwarded_as_today(
     assert r.outcomes() == {}
 
 
-def test_a_stream_that_had_sent_a_chunk_is_cut_off_as_today(
-    rig: Callable[..., Rig], upstream: Upstream
+def completion_event(text: str, finish: str | None = None) -> bytes:
+    """One vLLM completions SSE event."""
+    doc = {"id": "cmpl-1", "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def chat_event(delta: dict[str, str], finish: str | None = None) -> bytes:
+    """One vLLM chat SSE event."""
+    doc = {
+        "id": "chatcmpl-1",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+CHAT = "/v1/chat/completions"
+ASKED = [{"role": "user", "content": "tell"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "before", "after", "wanted"),
+    [
+        (
+            PATH,
+            {**STREAM, "prompt": "Once", "max_tokens": 5},
+            [completion_event(" upon"), completion_event(" a")],
+            [completion_event(" time"), completion_event(",", "length"), b"data: [DONE]\n\n"],
+            {**STREAM, "prompt": "Once upon a", "max_tokens": 3},
+        ),
+        (
+            CHAT,
+            {"model": "m", "messages": ASKED, "stream": True},
+            [chat_event({"role": "assistant", "content": ""}), chat_event({"content": "Once"})],
+            [
+                chat_event({"role": "assistant", "content": ""}),
+                chat_event({"content": " more"}, "stop"),
+                b"data: [DONE]\n\n",
+            ],
+            {
+                "model": "m",
+                "messages": [*ASKED, {"role": "assistant", "content": "Once"}],
+                "stream": True,
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+            },
+        ),
+    ],
+    ids=["completion", "chat"],
+)
+def test_a_stream_that_had_sent_text_goes_on_on_the_new_engine(
+    rig: Callable[..., Rig],
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    before: list[bytes],
+    after: list[bytes],
+    wanted: dict[str, Any],
+) -> None:
+    r = rig()
+    engine = Engine(head=SSE_HEAD + b"".join(chunk(e) for e in before))
+    upstream.routes[path] = engine
+    pending = r.stream(body, path)
+    eventually(lambda: engine.frozen == 1, "the stream reached the engine")
+    r.drain(True)
+    engine.stop()
+    eventually(lambda: r.proxy().replays_held == 1, "the stream is held")
+    upstream.routes[path] = sse(after)
+    r.drain(False)
+    status, _, got = pending.result(30)
+    assert status == 200
+    assert got == b"".join(before + after)  # one stream: the old events, then the new engine's, nothing twice
+    sent = [json.loads(s.body) for s in upstream.seen if s.target == path]
+    assert sent == [body, wanted]
+    assert r.outcomes() == {"resumed": 1}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{**STREAM, "logprobs": 1}, {**STREAM, "n": 2}, {**STREAM, "prompt": [1, 2, 3]}],
+    ids=["logprobs", "n", "tokens"],
+)
+def test_a_stream_that_cannot_go_on_is_cut_off_as_today(
+    rig: Callable[..., Rig], upstream: Upstream, body: dict[str, Any]
 ) -> None:
     r = rig()
     engine = Engine(head=SSE_HEAD + chunk(EVENTS[0]))
+    upstream.routes[PATH] = engine
+    pending = r.stream(body)
+    eventually(lambda: engine.frozen == 1, "the stream reached the engine")
+    r.drain(True)
+    engine.stop()
+    status, headers, got = pending.result(30)
+    assert status == 200 and REPLAYED not in headers
+    assert isinstance(got, str) and got.startswith(f"cut off after {EVENTS[0]!r}")
+    assert len(r.completions()) == 1
+    assert r.outcomes() == {"not_resumable": 1}
+    assert r.proxy().upstream_errors_total["protocol"] == 1
+
+
+def test_a_stream_cut_inside_an_event_is_cut_off_as_today(
+    rig: Callable[..., Rig], upstream: Upstream
+) -> None:
+    r = rig()
+    engine = Engine(head=SSE_HEAD + chunk(EVENTS[0]) + chunk(EVENTS[1][:10]))
     upstream.routes[PATH] = engine
     pending = r.stream()
     eventually(lambda: engine.frozen == 1, "the stream reached the engine")
     r.drain(True)
     engine.stop()
-    status, headers, body = pending.result(30)
-    assert status == 200 and REPLAYED not in headers
-    assert isinstance(body, str) and body.startswith(f"cut off after {EVENTS[0]!r}")
+    status, _, got = pending.result(30)
+    assert status == 200 and isinstance(got, str) and got.startswith("cut off after")
     assert len(r.completions()) == 1
     assert r.outcomes() == {}
-    assert r.proxy().upstream_errors_total["protocol"] == 1
 
 
 def test_without_a_drain_the_client_gets_todays_error(rig: Callable[..., Rig], upstream: Upstream) -> None:

@@ -173,9 +173,9 @@ class Proxy:
                     return
                 ticket, trace = admitted
                 send = self.progress.follow(ticket, send)
-            forward = partial(self._forward, scope, path_bytes, request.headers, body)  # one try (replay.py)
+            forward = partial(self._forward, scope, path_bytes, request.headers)  # one try (replay.py)
             status = await self.replays.forward(
-                forward, send, ticket, trace, len(body), self._upstream_failed
+                forward, send, ticket, trace, body, path, self._upstream_failed
             )
         except asyncio.CancelledError:
             if not interrupt.absorb():
@@ -268,8 +268,8 @@ class Proxy:
             finished = True
             return status
         except aiohttp.ClientError as exc:  # the timeout errors are ClientErrors too
-            if isinstance(send, HeldStart) and not send.sent:
-                if started:  # counted at its head, which never reached the client
+            if isinstance(send, HeldStart) and send.replayable():
+                if started and not send.sent:  # counted at its head, which never reached the client
                     self._responses[status] -= 1
                 raise Lost(exc) from exc
             return await self._upstream_failed(exc, started, send)

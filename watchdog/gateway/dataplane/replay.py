@@ -23,13 +23,14 @@ from starlette.types import Message, Send
 
 from ...config.gatewayreplay import ReplayConfig
 from .admission import Gate, Ticket
-from .bodies import RequestTrace
+from .bodies import OPENAI_PATHS, RequestTrace
+from .resume import Continuation, StreamText, continued
 
 REPLAYED_HEADER = (b"x-vllm-watchdog-replayed", b"1")  # outcomes: protocol.snapshot.REPLAY_OUTCOMES
 SSE_ERROR = b'data: {"error"'  # vLLM's error event (create_streaming_error_response), e.g. EngineDeadError
 DRAIN_POLL = 0.05  # seconds between looks at the drain flag within drain_window
-# One try at forwarding: (send, ticket, trace) -> the status the client got, or Lost.
-Attempt = Callable[[Send, Ticket | None, RequestTrace | None], Awaitable[int]]
+# One try at forwarding: (body, send, ticket, trace) -> the status the client got, or Lost.
+Attempt = Callable[[bytes, Send, Ticket | None, RequestTrace | None], Awaitable[int]]
 Fail = Callable[[aiohttp.ClientError, bool, Send], Awaitable[int]]  # today's error: (cause, started, send)
 
 
@@ -51,14 +52,23 @@ class HeldStart:
     so that a stream whose upstream fails before its first chunk has told the client nothing; a replay's
     head says it was replayed."""
 
-    __slots__ = ("_drained", "_replayed", "_send", "_start", "sent")
+    __slots__ = ("_drained", "_replayed", "_send", "_start", "sent", "stream")
 
-    def __init__(self, send: Send, drained: Callable[[], bool], replayed: bool = False) -> None:
+    def __init__(
+        self, send: Send, drained: Callable[[], bool], replayed: bool = False, resumable: bool = False
+    ) -> None:
         self._send = send
         self._drained = drained  # whether the watchdog is restarting the engine now
         self._replayed = replayed
         self._start: Message | None = None
         self.sent = False  # something reached the client
+        # What an SSE response sent, for a resume (resume.py); None: not a stream, or not resumable.
+        self.stream: StreamText | None = StreamText() if resumable else None
+
+    def replayable(self) -> bool:
+        """Whether the request may be sent again after its upstream failed: nothing reached the client, or
+        whole events of a stream that can go on (resume.py)."""
+        return not self.sent or (self.stream is not None and self.stream.resumable())
 
     async def __call__(self, message: Message) -> None:
         """Hold a response head; send it with the first body byte. Lost for the engine's own error while
@@ -69,6 +79,9 @@ class HeldStart:
                     raise Lost(EngineStopped(f"the model server answered {message['status']} while drained"))
                 if self._replayed:
                     message = {**message, "headers": [*message.get("headers", ()), REPLAYED_HEADER]}
+                headers = message.get("headers", ())
+                if not any(k == b"content-type" and b"event-stream" in v for k, v in headers):
+                    self.stream = None
                 self._start = message
                 return
             body = message.get("body", b"")
@@ -79,6 +92,8 @@ class HeldStart:
             self.sent = True
             if self._start is not None:
                 await self._send(self._start)
+        if self.stream is not None and message["type"] == "http.response.body":
+            self.stream.feed(message.get("body", b""))
         await self._send(message)
 
 
@@ -108,26 +123,60 @@ class Replays:
         send: Send,
         ticket: Ticket | None,
         trace: RequestTrace | None,
-        size: int,
+        body: bytes,
+        path: str,
         fail: Fail,
     ) -> int:
-        """Forward with `attempt`; if its upstream fails with nothing sent, hold the request and try once more
-        (or answer today's error with `fail`); the status the client got. `size`: the request body's."""
+        """Forward `body` with `attempt`; if its upstream fails with nothing sent, hold the request and try
+        once more (a stream that sent text goes on instead, see resume.py), or answer today's error with
+        `fail`; the status the client got."""
         if ticket is None or not self.config.enabled or not self.hold_mode:
-            return await attempt(send, ticket, trace)
+            return await attempt(body, send, ticket, trace)
+        first = HeldStart(send, self._is_drained, resumable=path in OPENAI_PATHS)
         try:
-            return await attempt(HeldStart(send, self._is_drained), ticket, trace)
+            return await attempt(body, first, ticket, trace)
         except Lost as lost:
             cause = lost.cause
-        again = await self.hold(ticket, size)
+        if first.sent and first.stream is not None:
+            return await self._resume(attempt, send, ticket, trace, body, path, first.stream, cause, fail)
+        again = await self.hold(ticket, len(body))
         if again is None:
             return await fail(cause, False, send)
         replay = HeldStart(send, self._is_drained, replayed=True)
         try:
-            return await attempt(replay, again, trace)
+            return await attempt(body, replay, again, trace)
         except Lost as lost:
             self.count("failed_again")
             return await fail(lost.cause, False, HeldStart(send, lambda: False, replayed=True))
+        finally:
+            again.release()
+
+    async def _resume(
+        self,
+        attempt: Attempt,
+        send: Send,
+        ticket: Ticket,
+        trace: RequestTrace | None,
+        body: bytes,
+        path: str,
+        stream: StreamText,
+        cause: aiohttp.ClientError,
+        fail: Fail,
+    ) -> int:
+        """Go on with a stream that sent text: hold it, then send the request with the text so far appended
+        and pass the new events on; cut off as today (`fail` with the response started) if it cannot."""
+        rest = continued(body, path, stream.text, stream.events)
+        if rest is None:
+            self.count("not_resumable")
+            return await fail(cause, True, send)
+        again = await self.hold(ticket, len(body) + len(rest), "resumed")
+        if again is None:
+            return await fail(cause, True, send)
+        try:
+            return await attempt(rest, Continuation(send, EngineStopped), again, trace)
+        except aiohttp.ClientError as exc:
+            self.count("failed_again")
+            return await fail(exc, True, send)
         finally:
             again.release()
 
@@ -135,7 +184,7 @@ class Replays:
         """One more of `outcome`."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
-    async def hold(self, ticket: Ticket, size: int) -> Ticket | None:
+    async def hold(self, ticket: Ticket, size: int, outcome: str = "replayed") -> Ticket | None:
         """After a Lost: wait for the engine to serve again and return the ticket to send the request with;
         None if it is not replayed (the caller answers today's error). `ticket` is released if it is held."""
         try:
@@ -156,18 +205,18 @@ class Replays:
         self.held_bytes += size
         ticket.release()  # held, it is not in flight: a drain waiting for in-flight requests must not see it
         try:
-            outcome = await self._gate.readmit(ticket.session, ticket.priority)
+            admitted = await self._gate.readmit(ticket.session, ticket.priority)
         except asyncio.CancelledError:
             self.count("client_gone")
             raise
         finally:
             self.held -= 1
             self.held_bytes -= size
-        if not isinstance(outcome, Ticket):
+        if not isinstance(admitted, Ticket):
             self.count("expired")
             return None
-        self.count("replayed")
-        return outcome
+        self.count(outcome)
+        return admitted
 
     def _is_drained(self) -> bool:
         return self._gate.draining

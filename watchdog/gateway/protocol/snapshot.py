@@ -20,6 +20,8 @@ REPLAY_OUTCOMES = (
     "expired",
     "client_gone",
     "failed_again",
+    "resumed",
+    "not_resumable",
 )
 
 # Upper bounds (seconds) of the gateway's latency histograms; +Inf is implied.
