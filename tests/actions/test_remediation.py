@@ -115,6 +115,15 @@ async def test_cooldown_then_budget_then_alert() -> None:
     assert any("cooldown" in x for x in rails) and any("budget" in x for x in rails)
     budget = [a for a in hub.sent if a.labels["alertname"] == "VLLMWatchdogRestartBudgetExhausted"]
     assert budget and budget[0].state == "firing" and budget[0].labels["target"] == "vllm-0"
+    # named as every per-target series: `instance` is the server's host:port, not its name
+    assert {k: budget[0].labels[k] for k in ("job", "instance", "target")} == {
+        "job": "vllm",
+        "instance": "127.0.0.1:1",
+        "target": "vllm-0",
+    }
+    assert budget[0].annotations["runbook_url"] == (
+        "http://127.0.0.1:9460/docs/runbooks.md#vllmwatchdogrestartbudgetexhausted"
+    )
     clock.advance(7 * 3600)  # the window frees the budget: the own alert resolves
     await r.tick(clock.now)
     assert (

@@ -17,6 +17,7 @@ from tests.support.watchdogproc import poll, start_watchdog
 from vllm_watchdog.actions.pipeline import selfalerts
 from vllm_watchdog.api.markdown import render, slug
 from vllm_watchdog.api.runbooks import rendering
+from vllm_watchdog.fleet import alerts as fleetalerts
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 60.0  # a bound on each wait, not a timing
@@ -43,6 +44,8 @@ OWN = {
     selfalerts.CRASH_LOOP,
     selfalerts.ROLLED_BACK,
     selfalerts.FAILED,
+    fleetalerts.UNREACHABLE,
+    fleetalerts.CORRELATED,
 }
 
 

@@ -28,6 +28,7 @@ from vllm_watchdog.actions.config import ActionConfig, Budget
 from vllm_watchdog.actions.pipeline.rails import Rails
 from vllm_watchdog.actions.pipeline.selfalerts import RESEND, WatchdogAlerts
 from vllm_watchdog.actions.store.actionstore import ActionStore
+from vllm_watchdog.config.targets import TargetConfig
 from vllm_watchdog.gateway.config import GatewayConfig, ThrottleSpec
 from vllm_watchdog.gateway.control.handle import HOLD_TTL, GatewayControl, GatewayControlOptions
 from vllm_watchdog.gateway.dataplane.locallink import LocalLink
@@ -323,7 +324,8 @@ def test_own_budget_alert_is_resent_after_the_clock_goes_back(store: ActionStore
     rails.observe(clock())
     verdict = rails.check(act, TARGET, {}, clock(), server_started_at=None)
     assert verdict.rail == "budget"
-    assert [a.state for a in own.after_skip(act, TARGET, verdict, clock())] == ["firing"]
+    where = TargetConfig(name=TARGET, url="http://127.0.0.1:8000")
+    assert [a.state for a in own.after_skip(act, where, verdict, clock())] == ["firing"]
     clock.jump(-HOURS)
     resent = []
     for second in range(1, int(RESEND) + 1):

@@ -96,7 +96,7 @@ def test_the_refusal_names_the_alert_the_members_and_the_share_boundedly() -> No
 
 def test_the_fleet_alert_fires_is_resent_follows_the_members_and_resolves_when_the_hold_ends() -> None:
     clock = Clock()
-    alerts = FleetAlerts(GROUP, "m0")
+    alerts = FleetAlerts(GROUP, "m0", "http://w.example:9460/")
     holds = view(3, Hung=("a", "b")).holds(0.5)
     (fired,) = alerts.correlated(holds, clock())
     assert fired.state == "firing"
@@ -110,6 +110,9 @@ def test_the_fleet_alert_fires_is_resent_follows_the_members_and_resolves_when_t
         fired.annotations["members"] == "a, b"
         and "2 of 3 live members fire Hung" in fired.annotations["summary"]
     )
+    # its section of the runbooks the watchdog serves (tests/api/test_runbooks.py checks the anchor exists)
+    runbook = "http://w.example:9460/docs/runbooks.md#vllmwatchdogfleetcorrelatedfault"
+    assert fired.annotations["runbook_url"] == runbook
     clock.advance(RESEND - 1)
     assert alerts.correlated(holds, clock()) == []
     clock.advance(1)

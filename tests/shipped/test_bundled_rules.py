@@ -106,6 +106,7 @@ def test_every_alert_has_a_runbook_section_and_no_runbook_is_orphaned() -> None:
     assert names - headings == set(), "alerts without a runbook section"
     own = {"VLLMWatchdogRestartBudgetExhausted", "VLLMWatchdogCrashLoop"}  # raised by the watchdog itself
     own |= {"VLLMWatchdogActionRolledBack", "VLLMWatchdogActionFailed"}
+    own |= {"VLLMWatchdogFleetUnreachable", "VLLMWatchdogFleetCorrelatedFault"}  # fleet/alerts.py
     assert headings - names - own == set(), "runbook sections for alerts that do not exist"
 
 

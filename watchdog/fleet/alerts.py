@@ -4,6 +4,7 @@ holds the group. Resent while they hold, resolved after, as the actions' own ale
 from __future__ import annotations
 
 from ..notifiers.alert import OutgoingAlert
+from ..ruler.alerting import own_runbook
 from .config import FleetConfig
 from .correlated import Hold
 
@@ -16,9 +17,10 @@ CORRELATED = "VLLMWatchdogFleetCorrelatedFault"
 class FleetAlerts:
     """Firing fleet alerts by key; each resent every RESEND seconds and resolved once its cause is gone."""
 
-    def __init__(self, config: FleetConfig, member: str) -> None:
+    def __init__(self, config: FleetConfig, member: str, runbook_base: str = "") -> None:
         self.config = config
         self.member = member
+        self.runbook_base = runbook_base  # the config's runbook_base_url ("": links stay relative)
         self.firing: dict[tuple[str, ...], OutgoingAlert] = {}
         self.last_sent: dict[tuple[str, ...], float] = {}
 
@@ -31,7 +33,8 @@ class FleetAlerts:
             "severity": "critical",
         }
         summary = f"{self.member} cannot rely on etcd: no disruptive action starts here: {reason}"
-        return self.hold((UNREACHABLE,), down, labels, {"summary": summary}, now)
+        annotations = {"summary": summary, "runbook_url": own_runbook(self.runbook_base, UNREACHABLE)}
+        return self.hold((UNREACHABLE,), down, labels, annotations, now)
 
     def correlated(self, holds: tuple[Hold, ...], now: float) -> list[OutgoingAlert]:
         """One alert per held alertname, resolved once it no longer holds. Every member sends the same labels
@@ -52,7 +55,11 @@ class FleetAlerts:
                 f"members fire {h.alertname}, more than correlated_share {h.share * 100:g}%; no disruptive "
                 "action starts in the group until fewer do"
             )
-            annotations = {"summary": summary, "members": h.named()}
+            annotations = {
+                "summary": summary,
+                "members": h.named(),
+                "runbook_url": own_runbook(self.runbook_base, CORRELATED),
+            }
             out += self.hold(key, True, labels, annotations, now)
         return out
 

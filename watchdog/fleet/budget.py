@@ -128,6 +128,7 @@ class FleetOptions:
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     transport: Any | None = None  # an httpx transport (tests); None: the network
+    runbook_base: str = ""  # where the fleet alerts' runbook_url points (the config's, at start)
 
 
 class FleetBudget:
@@ -141,7 +142,7 @@ class FleetBudget:
             SessionOptions(self.client, options.member, options.clock, options.monotonic, options.sleep),
         )
         self.semaphore = Semaphore(self.session)
-        self.own_alerts = FleetAlerts(config, options.member)
+        self.own_alerts = FleetAlerts(config, options.member, options.runbook_base)
         self.waiting: dict[str, tuple[str, float]] = {}  # target -> (action, since), wall clock
         self.holding: dict[str, tuple[str, float]] = {}
         self.refusals: Counter[str] = Counter()  # by rail

@@ -335,6 +335,13 @@ def resolve_runbook(base: str, url: str) -> str:
     return urljoin(base if base.endswith("/") else base + "/", url)
 
 
+def own_runbook(base: str, alertname: str) -> str:
+    """The runbook link of an alert the watchdog raises itself (no rule): its section of docs/runbooks.md,
+    resolved as the bundled rules' relative links are ("" base: left relative)."""
+    link = f"docs/runbooks.md#{alertname.lower()}"
+    return resolve_runbook(base, link) if base else link
+
+
 def alert_json(alert: Alert) -> dict[str, Any]:
     """One alert in the shape of Prometheus' /api/v1/alerts."""
     out: dict[str, Any] = {

@@ -141,5 +141,11 @@ def fleet_budget(config: Config, options: ActionPlaneOptions) -> FleetBudget | N
     if config.fleet is None:
         return None
     return FleetBudget(
-        config.fleet, FleetOptions(fleet_member(config), clock=options.clock, monotonic=options.monotonic)
+        config.fleet,
+        FleetOptions(
+            fleet_member(config),
+            clock=options.clock,
+            monotonic=options.monotonic,
+            runbook_base=config.web_runbook_base_url,
+        ),
     )

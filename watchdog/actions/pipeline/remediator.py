@@ -106,7 +106,7 @@ class Remediator(OperatorControls):
         self.engine_state = options.engine_state
         self.ready_since = options.ready_since
         self.clock, self.monotonic, self.sleep = options.clock, options.monotonic, options.sleep
-        self.alerts = WatchdogAlerts(self.rails)
+        self.alerts = WatchdogAlerts(self.rails, lambda: self.config.web_runbook_base_url)
         self.retries = Retries(store)
         self.episodes = Episodes(store)  # hold actions run once per firing episode, not per resend
         self.restores = Restores(store)
@@ -327,13 +327,13 @@ class Remediator(OperatorControls):
             self.episodes.ran(job.action, job.target.name, job.labels, job.needed_at)
             self.retries.forget(job.action.name, job.target.name)
         self._send(
-            self.alerts.after_outcome(job.action, job.target.name, outcome.outcome, outcome.reason, now), now
+            self.alerts.after_outcome(job.action, job.target, outcome.outcome, outcome.reason, now), now
         )
         return result
 
     def _skip(self, job: Job, verdict: Verdict, now: float) -> dict[str, Any]:
         result = self.audit.skip(job, verdict.rail, verdict.reason, now)
-        self._send(self.alerts.after_skip(job.action, job.target.name, verdict, now), now)
+        self._send(self.alerts.after_skip(job.action, job.target, verdict, now), now)
         return result | {"rail": verdict.rail, "retry_at": verdict.retry_at}
 
     def _send(self, alerts: list[OutgoingAlert], now: float) -> None:

@@ -1,11 +1,16 @@
-"""The watchdog's own alerts about its actions: budget exhausted, crash loop, rolled back, failed."""
+"""The watchdog's own alerts about its actions: budget exhausted, crash loop, rolled back, failed.
+
+Each names its target as every per-target series does: `target` its name, `instance` its host:port, `job` its
+job, so an alert joins with the target's series and a router matching on `instance` finds the same server."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...config.targets import TargetConfig
 from ...notifiers.alert import OutgoingAlert
+from ...ruler.alerting import own_runbook
 from ..config import ActionConfig
 from .rails import Rails, Verdict
 
@@ -28,26 +33,35 @@ SUMMARY = {
 class WatchdogAlerts:
     """Firing own alerts keyed by (alertname, action, target); resent while they hold, resolved after."""
 
-    def __init__(self, rails: Rails) -> None:
+    def __init__(self, rails: Rails, runbook_base: Callable[[], str] = str) -> None:
         self.rails = rails
+        self.runbook_base = runbook_base  # the config's runbook_base_url now (str: "", links stay relative)
         self.firing: dict[tuple[str, str, str], OutgoingAlert] = {}
         self.last_sent: dict[tuple[str, str, str], float] = {}
 
     def _fire(
-        self, name: str, action: str, target: str, now: float, reason: str = "", valid_for: float = VALID
+        self,
+        name: str,
+        action: str,
+        target: TargetConfig,
+        now: float,
+        reason: str = "",
+        valid_for: float = VALID,
     ) -> list[OutgoingAlert]:
-        key = (name, action, target)
+        key = (name, action, target.name)
         old = self.firing.get(key)
         labels = {
             "alertname": name,
             "action": action,
-            "target": target,
-            "instance": target,
+            "job": target.job,
+            "instance": target.instance,
+            "target": target.name,
             "severity": "critical",
         }
+        summary = SUMMARY[name].format(action=action, target=target.name, reason=reason)
         alert = OutgoingAlert(
             labels=labels,
-            annotations={"summary": SUMMARY[name].format(action=action, target=target, reason=reason)},
+            annotations={"summary": summary, "runbook_url": own_runbook(self.runbook_base(), name)},
             state="firing",
             starts_at=old.starts_at if old else now,
             ends_at=now + valid_for,
@@ -67,16 +81,16 @@ class WatchdogAlerts:
         ]
 
     def after_skip(
-        self, action: ActionConfig, target: str, verdict: Verdict, now: float
+        self, action: ActionConfig, target: TargetConfig, verdict: Verdict, now: float
     ) -> list[OutgoingAlert]:
         """A rail blocked an action: the budget and crash-loop rails raise an alert."""
         name = {"budget": BUDGET, "crash_loop": CRASH_LOOP}.get(verdict.rail)
-        if name is None or (name, action.name, target) in self.firing:
+        if name is None or (name, action.name, target.name) in self.firing:
             return []
         return self._fire(name, action.name, target, now, verdict.reason)
 
     def after_outcome(
-        self, action: ActionConfig, target: str, outcome: str, reason: str, now: float
+        self, action: ActionConfig, target: TargetConfig, outcome: str, reason: str, now: float
     ) -> list[OutgoingAlert]:
         """An action ended: a rollback or failure is announced once (crash loops resolve in tick)."""
         if outcome == "rolled_back":
