@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ActionError
+
+if TYPE_CHECKING:  # the config parser loads this module with the kinds: no HTTP stack for `check`
+    import httpx
 
 STATUS_PATH = "/fault_tolerance/status"
 APPLY_PATH = "/fault_tolerance/apply"
@@ -68,6 +69,8 @@ class FaultStatus:
 async def read_status(client: httpx.AsyncClient, base_url: str, timeout: float) -> FaultStatus | None:
     """The server's fault-tolerance status; None if it has none (404: started without fault tolerance).
     ActionError when it does not answer it (timeout, another status, not the documented JSON)."""
+    import httpx  # noqa: PLC0415 - `check` loads the kinds, and needs no HTTP stack
+
     url = base_url.rstrip("/") + STATUS_PATH
     try:
         async with client.stream("GET", url, timeout=timeout) as resp:
@@ -83,6 +86,8 @@ async def read_status(client: httpx.AsyncClient, base_url: str, timeout: float) 
 
 async def apply_retry(client: httpx.AsyncClient, base_url: str, timeout: float) -> str:
     """Ask the server to retry its unhealthy engines in place; the request id it accepted (202)."""
+    import httpx  # noqa: PLC0415
+
     url = base_url.rstrip("/") + APPLY_PATH
     try:
         async with client.stream("POST", url, json=RETRY, timeout=timeout) as resp:
