@@ -2,7 +2,7 @@
 the watchdog and under what an operator would otherwise run the same vLLM with.
 
 Usage: .venv/bin/python bench/mttr.py [--quick] [--faults freeze,kill,exit0]
-           [--supervisors watchdog,systemd,docker,kubernetes] [--horizon 240] [--warmup 10] [--json FILE]
+           [--supervisors watchdog,systemd,docker,kubernetes] [--horizon 420] [--warmup 10] [--json FILE]
 
 Faults, each sent to the EngineCore process of a real CPU vLLM (scripts/serve-vllm.sh, the tiny model) that
 has been serving for --warmup seconds:
@@ -182,7 +182,12 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
             out["actions"] = stack.actions(fault_at)
         kinds: dict[str, int] = {}
         for r in clients.requests:
-            if r.phase and r.done is not None and r.done >= fault_at:
+            if (
+                r.phase
+                and r.done is not None
+                and r.done >= fault_at
+                and "cancelled at the end" not in r.error
+            ):
                 kinds[r.error[:60]] = kinds.get(r.error[:60], 0) + 1
         out["error_kinds"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:4])
     finally:
@@ -213,7 +218,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the freeze under the watchdog only")
     ap.add_argument("--faults", default="freeze,kill,exit0")
     ap.add_argument("--supervisors", default="watchdog,systemd,docker,kubernetes")
-    ap.add_argument("--horizon", type=float, default=240.0, help="longest wait for recovery per run (s)")
+    ap.add_argument("--horizon", type=float, default=420.0, help="longest wait for recovery per run (s)")
     ap.add_argument("--warmup", type=float, default=10.0, help="serving before the fault (s)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
