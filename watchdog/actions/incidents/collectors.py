@@ -79,14 +79,14 @@ async def _locate(src: Sources) -> list[int]:
     if found.pid is None:
         raise Absent(found.problem or "no server process")
     pid = found.pid
-    if found.container_id and not await asyncio.to_thread(
-        procs.in_container, pid, found.container_id, src.proc
-    ):
+    # Read on the loop, not in a worker thread that could queue behind others: the stacks wait on this, and
+    # these files (cgroup, the tasks' children) are small and never wait on the process's memory map.
+    if found.container_id and not procs.in_container(pid, found.container_id, src.proc):
         raise Absent(
             f"pid {pid} of container {found.container_id[:12]} is not in its cgroup here: the watchdog must "
             "share the host's pid namespace (--pid host) to read a container's processes"
         )
-    return await asyncio.to_thread(procs.process_tree, pid, src.proc)
+    return procs.process_tree(pid, src.proc)
 
 
 async def _processes(src: Sources, located: Callable[[], Awaitable[list[int]]]) -> Found:
@@ -117,7 +117,7 @@ async def _stacks(src: Sources, located: Callable[[], Awaitable[list[int]]]) -> 
             except stacks.StackError as exc:
                 return {"pid": pid, "error": str(exc)}
 
-    order = await asyncio.to_thread(_by_priority, pids, src.proc)
+    order = _by_priority(pids, src.proc)  # comm files: small, on the loop as the tree was
     dumps = {pid: asyncio.ensure_future(one(pid)) for pid in order}  # the semaphore serves them in order
     await asyncio.gather(*dumps.values())
     found = [dumps[pid].result() for pid in pids]
