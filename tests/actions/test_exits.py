@@ -88,11 +88,29 @@ async def test_exit_watch_reads_at_most_every_5_seconds() -> None:
 
     async def read() -> ExitStatus | None:
         reads.append(clock())
-        return ExitStatus(len(reads))
+        return ExitStatus(len(reads), respawn=False)  # a stop left alone: the same for a while
 
     watch = ExitWatch(read, clock)
-    assert [await watch(), await watch()] == [ExitStatus(1), ExitStatus(1)]
+    first, second = ExitStatus(1, respawn=False), ExitStatus(2, respawn=False)
+    assert [await watch(), await watch()] == [first, first]
     clock.advance(4.9)
-    assert await watch() == ExitStatus(1)
+    assert await watch() == first
     clock.advance(0.1)
-    assert await watch() == ExitStatus(2) and len(reads) == 2
+    assert await watch() == second and len(reads) == 2
+
+
+async def test_a_reading_that_asks_for_a_respawn_is_handed_out_once() -> None:
+    """The respawn it asks for may be done within the 5 s: a stale copy must not ask for a second one."""
+    clock, reads = Clock(), []
+
+    async def read() -> ExitStatus | None:
+        reads.append(clock())
+        return ExitStatus(0, "EngineDeadError", respawn=True)
+
+    watch = ExitWatch(read, clock)
+    assert await watch() == ExitStatus(0, "EngineDeadError", respawn=True)
+    assert await watch() is None and len(reads) == 1
+    clock.advance(5.0)
+    assert (
+        await watch() is not None and len(reads) == 2
+    )  # still down 5 s later (the rails held it): asks again

@@ -120,8 +120,12 @@ class ExitWatch:
         self._next, self._last = float("-inf"), None  # type: float, ExitStatus | None
 
     async def __call__(self) -> ExitStatus | None:
-        """The last reading, read again when it is `every` seconds old."""
+        """The last reading, read again when it is `every` seconds old. One that asks for a respawn is
+        handed out once: the respawn changes what the server is, and a stale copy would ask again."""
         if self.monotonic() >= self._next:
             self._next = self.monotonic() + self.every
             self._last = await self.read()
-        return self._last
+        status = self._last
+        if status is not None and status.respawn:
+            self._last = None
+        return status
