@@ -78,17 +78,19 @@ def breakdown(path: Path) -> tuple[Counter[str], Counter[str], int]:
     return acts, funcs, total
 
 
-def report(path: Path, window: float) -> dict[str, float]:
-    """Print the breakdown in % of one core over the window; return it by activity."""
+def report(path: Path, cpu_pct: float) -> dict[str, float]:
+    """Print the breakdown as shares of the samples and as % of one core (the share of the daemon's CPU
+    measured from /proc: on a loaded machine py-spy also samples a runnable thread waiting for a core, so
+    its sample count overstates CPU, while the shares hold); return % of a core by activity."""
     if not path.exists():
         print(f"profile: {path} was not written")
         return {}
     acts, funcs, total = breakdown(path)
-    scale = 100.0 / RATE / window  # samples -> % of one core
-    print(f"\nprofile ({path.name}, py-spy {RATE} Hz, {total} samples = {total * scale:.1f}% of a core):")
+    print(f"\nprofile ({path.name}, py-spy {RATE} Hz, {total} samples; daemon CPU {cpu_pct:.1f}% of a core):")
     for name, n in acts.most_common():
-        print(f"  {name:<50}{n * scale:7.2f}% of a core  {100 * n / max(total, 1):5.1f}%")
+        share = n / max(total, 1)
+        print(f"  {name:<50}{100 * share:5.1f}%  {share * cpu_pct:6.2f}% of a core")
     print("  hottest innermost watchdog functions:")
     for name, n in funcs.most_common(12):
         print(f"    {name:<70}{100 * n / max(total, 1):5.1f}%")
-    return {name: n * scale for name, n in acts.items()}
+    return {name: n / max(total, 1) * cpu_pct for name, n in acts.items()}

@@ -43,6 +43,7 @@ from typing import Any
 
 import _profile
 import httpx
+from _live_cycle import run as run_cycle
 from _live_targets import serve_live
 from parse import median_seconds  # bench/ is on sys.path when run as a script
 from prometheus_client.parser import text_string_to_metric_families
@@ -316,10 +317,7 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
                       f"samples of {held[1]:.0f} series", flush=True)  # fmt: skip
             time.sleep(min(1.0, left))
         busy1, cpu1, m1 = machine_busy(), {k: cpu_seconds(v) for k, v in groups.items()}, time.monotonic()
-        if spy is not None:
-            spy.wait(60)
-            res["profile"] = _profile.report(prof, args.duration)
-            shutil.copy(prof, args.profile / prof.name) if prof.exists() else None
+
         d1, p1 = own_metrics(dport, DAEMON_METRICS), own_metrics(pport, PROM_METRICS)
         window = res["window_s"] = m1 - m0
         res["machine_busy_pct"] = 100 * (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
@@ -336,6 +334,10 @@ def run_load(args: argparse.Namespace, tmp: Path, res: dict[str, Any]) -> None:
             res[k]["scrapes_not_done"] = res["scrapes_expected"] - res[k]["scrapes_delta"]
         res["daemon"]["targets_up"], res["prometheus"]["targets_up"] = d1["up"], prometheus_up(pport)
         res["prometheus"]["rules_loaded"] = p1["rules"]
+        if spy is not None:
+            spy.wait(60)
+            res["profile"] = _profile.report(prof, res["daemon"]["cpu_pct"])
+            shutil.copy(prof, args.profile / prof.name) if prof.exists() else None
     finally:
         stop(procs)
 
@@ -437,6 +439,8 @@ def main() -> int:
     ap.add_argument(
         "--profile", type=Path, help="record the daemon with py-spy; save the stacks in this folder"
     )
+    ap.add_argument("--cycle", type=int, default=0, help="only N in-process live cycles (CPU)")
+    ap.add_argument("--cycle-history", type=int, default=2460, help="simulated seconds before --cycle")
     ap.add_argument("--runs", type=int, default=51, help="parse timing runs (default 51)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)  # internal: LIFETIME PORT...
@@ -446,6 +450,10 @@ def main() -> int:
         lifetime, *ports = args.serve or args.serve_live
         server = _serve if args.serve else lambda p, t: serve_live(FIXTURE.read_text(), p, t)
         asyncio.run(server([int(p) for p in ports], float(lifetime)))
+        return 0
+    if args.cycle:
+        for n in [int(x) for x in str(args.targets).split(",")]:
+            run_cycle(FIXTURE, n, args.cycle_history, args.cycle, args.profile is not None)
         return 0
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
