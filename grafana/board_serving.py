@@ -238,6 +238,28 @@ def _speculative(b: Board) -> None:
         series("Acceptance by draft position", desc, by_pos, "percentunit", min=0, max=1, no_value=SPEC_OFF),
         8,
     )
+    _goodput(b)
+
+
+def _goodput(b: Board) -> None:
+    """The watchdog's estimate by batch size (vllm_watchdog_spec_*, docs/rules.md)."""
+    no_estimate = "no estimate (no drafts, or one batch size seen so far)"
+    speedup = [q(f"vllm_watchdog_spec_speedup{{{SI}}}", "batch {{batch_size}}, k={{k}} ({{instance}})")]
+    desc = (
+        "Estimated goodput with k draft tokens over none, per running batch size: E[tokens per step with k] "
+        "times the step time without drafts over the step time with them, as this engine measured it."
+    )
+    b.add(series("Speculation speedup by batch size", desc, speedup, min=0, no_value=no_estimate), 8)
+    ks = [
+        q(f"vllm_watchdog_spec_best_k{{{SI}}}", "best {{batch_size}} ({{instance}})"),
+        q(f"vllm_watchdog_spec_current_k{{{SI}}}", "running {{batch_size}} ({{instance}})"),
+    ]
+    desc = "Draft tokens per batch size: the schedule the measurements call for, and what runs now."
+    b.add(series("Draft tokens by batch size", desc, ks, min=0, no_value=no_estimate), 8)
+    gain = [q(f"vllm_watchdog_spec_schedule_gain{{{SI}}}", "{{schedule}} ({{instance}})")]
+    value, note = line("VLLMSpecDecodeScheduleMistuned", "vllm_watchdog_spec_schedule_gain")
+    desc = "Estimated goodput of that schedule over what runs now." + note
+    b.add(series("Schedule gain", desc, gain, min=0, no_value=no_estimate, line=value), 8)
 
 
 def serving() -> Json:

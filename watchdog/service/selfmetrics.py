@@ -21,6 +21,7 @@ from ..ruler.metrics import RuleCollector
 from ..sources.metrics import MonitorCollector
 from ..sources.monitor import Monitor
 from ..sources.selffeed import OwnCollector, Want, everything
+from ..sources.speccollector import SpecGoodputCollector
 from ..statehealth import PROBE_FILE, StateHealth
 from .actionwiring import NOTIFY_DB
 
@@ -142,6 +143,9 @@ def own_collectors(
         DaemonCollector(counters),
         MonitorCollector(monitor),
         RuleCollector(evaluation),
+        SpecGoodputCollector(
+            monitor.store, lambda: [(n, rt.scrape.target_labels) for n, rt in monitor.targets.items()]
+        ),
     ]
     if health is not None:
         out.append(StateCollector(health, STATE_FILES, evaluation.state_write_errors))
