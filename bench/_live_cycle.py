@@ -86,8 +86,9 @@ def run(fixture: Path, n: int, history: int, cycles: int, profile: bool) -> dict
         if prof is not None:
             prof.disable()
     out = {k: 1000 * (statistics.mean if k == "gc" else statistics.median)(v) for k, v in parts.items()}
-    print(f"cycle, {n} targets, {store.series_count} series, {history} s of history, "
-          f"median of {cycles} (gc: mean): " + ", ".join(f"{k} {v:.2f} ms" for k, v in out.items()) + " CPU")  # fmt: skip
+    costs = ", ".join(f"{k} {v:.2f} ms" for k, v in out.items())
+    print(f"CPU per cycle, {n} targets, {store.series_count} series, {history} s of history, "
+          f"median of {cycles} (gc: mean): {costs}")  # fmt: skip
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     return out
