@@ -311,6 +311,13 @@ def _episode(name: str, starts: float, state: str = "firing", **labels: str) -> 
     return OutgoingAlert({"alertname": name, "target": "vllm-0", **labels}, {}, state, starts, 0.0, 1.0)
 
 
+async def _carry(r: Rig) -> None:
+    """One request through the gateway, and the tick that sees it."""
+    async with httpx.AsyncClient(base_url=f"http://{r.control.listen}") as client:
+        assert (await client.post("/v1/completions", json={"prompt": "x"})).status_code == 200
+    await r.control.tick()
+
+
 def _breaker_left(r: Rig, session: str) -> float | None:
     until = r.server.call_sync(r.server.gate.breakers, timeout=10).get(session)
     return None if until is None else float(until[0]) - r.clock()
@@ -381,5 +388,55 @@ async def test_a_throttle_holds_once_per_episode_and_holds_again_only_if_the_gat
     assert r.limit() == 1
     r.remediator.handle([_episode("Busy", busy.starts_at, "resolved")], r.clock())
     r.clock.now += 61
+    await _carry(r)  # traffic goes through the gateway (else a throttle is skipped: it could not help)
     assert r.remediator.handle([_episode("Busy", r.clock())], r.clock()) == 1  # a new episode: a new hold
     assert [row.outcome for row in await r.settle(3)] == ["succeeded"] * 3
+
+
+async def test_a_dry_run_reports_a_throttle_once_per_episode_with_the_cap_it_would_set(
+    rig: Callable[..., Any],
+) -> None:
+    """As the real run holds once per firing episode, the dry run writes one would_do per episode (not one per
+    resend), and says what the cap would become."""
+    r = await rig(dry_run=True)
+    await r.control.tick()  # the cap as the gateway has it
+    busy = _episode("Busy", r.clock())
+    r.remediator.handle([busy], r.clock())
+    (row,) = await r.settle(1)
+    assert row.outcome == "would_do" and row.reason == (
+        "dry run: would lower the in-flight cap of vllm-0 by x0.5 (floor 1): max_in_flight 4 -> 2"
+    )
+    for _ in range(5):  # resent each minute, past the cooldown: nothing more to report
+        r.clock.now += 61
+        assert r.remediator.handle([busy], r.clock()) == 0
+    assert [row.outcome for row in r.store.history(limit=50)] == ["would_do"] and r.limit() == 4
+    r.remediator.handle([_episode("Busy", busy.starts_at, "resolved")], r.clock())
+    r.clock.now += 61
+    await _carry(r)
+    assert r.remediator.handle([_episode("Busy", r.clock())], r.clock()) == 1  # a new episode: reported again
+    assert [row.outcome for row in await r.settle(2)] == ["would_do"] * 2
+
+
+async def test_a_throttle_is_skipped_while_nothing_goes_through_the_gateway_and_acts_once_traffic_does(
+    rig: Callable[..., Any],
+) -> None:
+    """Clients that bypass the gateway: a lower cap cannot relieve vLLM, so the audit says why nothing was done;
+    once a request goes through the gateway, the next resend throttles."""
+    r = await rig()
+    for _ in range(3):  # watched for two minutes, nothing admitted
+        await r.control.tick()
+        r.clock.now += 60
+    busy = _episode("Busy", r.clock() - 60)  # pending for a minute, then firing
+    r.remediator.handle([busy], r.clock())
+    (row,) = await r.settle(1)
+    assert (row.outcome, row.reason) == (
+        "skipped",
+        "the gateway of vllm-0 carried no request since 30s before the alert began: its load bypasses the "
+        "gateway, so lowering the cap cannot help",
+    )
+    assert r.limit() == 4
+    await _carry(r)
+    r.clock.now += 61
+    r.remediator.handle([busy], r.clock())  # the resend
+    rows = await r.settle(2)
+    assert (rows[0].outcome, rows[0].reason) == ("succeeded", "in-flight cap 4 -> 2") and r.limit() == 2

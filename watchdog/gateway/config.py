@@ -87,6 +87,11 @@ class ThrottleSpec:
         if not self.target > 0 or not math.isfinite(self.target):
             raise ValueError(f"target must be a positive number of seconds, got {self.target}")
 
+    def lowered(self, current: int) -> int:
+        """The cap a hold sets from `current`: by `factor` or to `limit`, never below `floor`, never up."""
+        target = self.limit if self.limit is not None else math.floor(current * (self.factor or 1.0))
+        return min(current, max(self.floor, target))
+
     def to_json(self) -> dict[str, object]:
         """The spec as a JSON object."""
         return asdict(self)

@@ -30,6 +30,7 @@ class Act:
     store: ActionStore
     power: Any | None
     restore: bool = False
+    needed_at: float | None = None  # when the alert behind it began (wall clock); None: a manual run
 
 
 Planner = Callable[[Act], Awaitable["Plan"]]

@@ -20,6 +20,9 @@ from .base import Act, Executor, Kind, register
 DEFAULT_THROTTLE = ThrottleSpec(factor=0.5)  # a throttle action that says nothing else halves the cap
 AGGREGATE_SESSIONS = frozenset({"other", "anonymous"})  # rows that stand for many sessions
 GATEWAY = Traits(steers_gateway=True)
+# A throttle is skipped when the gateway carried no request from this long before its alert began until now:
+# the load that fired it does not go through the gateway, so a lower cap cannot relieve vLLM.
+QUIET_BEFORE = 30.0
 # A throttle may tighten again each minute the alert is resent; a re-firing alert is no crash loop (window 0).
 QUICK = {"crash_loop_window": 0.0, "startup_grace": 0.0}
 THROTTLE_KEYS = ("factor", "limit", "floor", "step", "step_interval", "adaptive", "target")
@@ -84,7 +87,29 @@ def _plan_throttle(action: ActionConfig, labels: Mapping[str, str], gateway: Gat
     t = action.throttle or DEFAULT_THROTTLE
     how = f"to {t.limit}" if t.limit is not None else f"by x{t.factor}"
     mode = f", following {t.adaptive} toward {format_duration(t.target)}" if t.adaptive else ""
-    return Plan("gateway", f"lower the in-flight cap of {gateway.target} {how} (floor {t.floor}){mode}")
+    cap = gateway.cap()
+    change = ""
+    if cap is not None:  # what a dry run reports: the cap it would set
+        after = t.lowered(cap)
+        change = f": max_in_flight {cap} -> {after}" if after < cap else f": max_in_flight stays {cap}"
+    return Plan(
+        "gateway", f"lower the in-flight cap of {gateway.target} {how} (floor {t.floor}){mode}{change}"
+    )
+
+
+async def _plan_throttle_of(act: Act) -> Plan:
+    """The throttle's plan, or a skip when no request went through the gateway during its alert."""
+    gateway = act.gateway
+    assert gateway is not None  # preflight: a gateway kind needs one
+    since = None if act.needed_at is None else act.needed_at - QUIET_BEFORE
+    if since is not None and gateway.traffic.carried_since(since) is False:
+        return Plan(
+            "none",
+            "",
+            skip=f"the gateway of {gateway.target} carried no request since {format_duration(QUIET_BEFORE)} "
+            "before the alert began: its load bypasses the gateway, so lowering the cap cannot help",
+        )
+    return _plan_throttle(act.action, act.labels, gateway)
 
 
 def _plan_breaker(action: ActionConfig, labels: Mapping[str, str], gateway: Gateway) -> Plan:
@@ -155,17 +180,20 @@ def _kind(spec: KindSpec, planner: GatewayPlanner, execute: Executor) -> Kind:
 
 
 _PLANNERS: dict[str, GatewayPlanner] = {}
-THROTTLE = _kind(
-    KindSpec(
-        "throttle",
-        Traits(steers_gateway=True, once_per_episode=True, holds_gateway_cap=True),
-        {"cooldown": 60.0, **QUICK},
-        THROTTLE_KEYS,
-        _throttling,
-    ),
-    _plan_throttle,
-    _throttle,
+THROTTLE = register(
+    Kind(
+        KindSpec(
+            "throttle",
+            Traits(steers_gateway=True, once_per_episode=True, holds_gateway_cap=True),
+            {"cooldown": 60.0, **QUICK},
+            THROTTLE_KEYS,
+            _throttling,
+        ),
+        _plan_throttle_of,
+        _throttle,
+    )
 )
+_PLANNERS[THROTTLE.name] = _plan_throttle
 THROTTLE_SESSION = _kind(
     KindSpec(
         "throttle_session",

@@ -158,7 +158,17 @@ class NothingToDo:
     async def check(self, d: Decision, r: Deciding) -> Stop | None:
         """Skipped on the nothing_to_do rail with the plan's reason."""
         job = d.job
-        act = Act(job.action, job.target, job.labels, d.runtime, d.gateway, r.store, r.power, job.restore)
+        act = Act(
+            job.action,
+            job.target,
+            job.labels,
+            d.runtime,
+            d.gateway,
+            r.store,
+            r.power,
+            job.restore,
+            job.needed_at,
+        )
         d.plan = await kind_of(job.action.type).plan(act)
         return Stop(Verdict(False, d.plan.skip, "nothing_to_do")) if d.plan.skip else None
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ...gateway.config import ThrottleSpec
+from ...gateway.control.traffic import Traffic
 from ...gateway.protocol.progress import UpstreamProgress
 from ..config import ActionConfig
 
@@ -16,6 +17,7 @@ class Gateway(Protocol):
 
     target: str
     breaker_default: float
+    traffic: Traffic  # whether requests go through it at all
 
     async def throttle(self, key: str, spec: ThrottleSpec) -> tuple[int, int]: ...
 
@@ -34,6 +36,8 @@ class Gateway(Protocol):
     ) -> tuple[float, int]: ...
 
     def in_flight(self) -> int: ...
+
+    def cap(self) -> int | None: ...
 
     def progress(self) -> UpstreamProgress | None: ...
 

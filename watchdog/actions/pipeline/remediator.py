@@ -176,8 +176,8 @@ class Remediator(OperatorControls):
                     self.restores.resolved(action, target.name, alert.labels, resolved_at)
                     continue
                 self.restores.firing(action, target.name)
-                if self.episodes.done(action, target.name, alert.labels, alert.starts_at):
-                    gateway = self._gateway_of(target.name)
+                if self.episodes.done(action, target.name, alert.labels, alert.starts_at, self.dry(action)):
+                    gateway = None if self.dry(action) else self._gateway_of(target.name)  # dry: none held
                     if (
                         not action.traits.holds_gateway_cap
                         or gateway is None

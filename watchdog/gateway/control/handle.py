@@ -25,6 +25,7 @@ from ..protocol.link import GatewayLink
 from ..protocol.progress import UpstreamProgress, read_drain_answer
 from ..protocol.snapshot import GatewaySnapshot, HistogramSnapshot
 from .controlstore import ControlStore
+from .traffic import Traffic
 
 log = logging.getLogger("vllm_watchdog.gateway.handle")  # the name its logs had before the sub-packages
 HOLD_TTL = 900.0  # a hold whose alert was not seen for this long is dropped (a lost "resolved")
@@ -82,6 +83,7 @@ class GatewayControl:
         self.reachable = False  # the gateway answered the last command
         self.restarts = 0  # gateway processes started again after one died
         self._in_flight = 0
+        self.traffic = Traffic()  # whether requests go through the gateway at all (a throttle's premise)
         self._progress: UpstreamProgress | None = None  # from the last set_drain answer
         self._lapses = 0  # the gateway's count of lease lapses, as last seen
         self._holds_seen: dict[str, float] = {}  # hold key -> when its alert last asked (monotonic)
@@ -269,6 +271,10 @@ class GatewayControl:
         """How recently the requests in flight heard from vLLM, as of the last set_drain answer."""
         return self._progress
 
+    def cap(self) -> int | None:
+        """The in-flight cap now (throttled or not), as of the last tick; None: the gateway did not answer."""
+        return None if self.snapshot is None else self.snapshot.gate.limit
+
     # -- periodic ------------------------------------------------------------------------------
     async def tick(self) -> GatewaySnapshot | None:
         """Drop stale holds, move the throttle one step, persist changes and take a snapshot; None if the
@@ -291,6 +297,7 @@ class GatewayControl:
             self.snapshot = None
             return None
         self._in_flight = snap.gate.in_flight
+        self.traffic.saw(snap.gate, self.clock())
         lapses = answer.get("lapses")
         if isinstance(lapses, int) and lapses != self._lapses:
             self._lapses = lapses

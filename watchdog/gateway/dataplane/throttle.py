@@ -47,9 +47,7 @@ class Throttle:
 
     def hold(self, key: str, spec: ThrottleSpec) -> int:
         """Alert `key` fired: decrease the limit now (never below floor, never up) and keep it held."""
-        current = self._gate.limit
-        target = spec.limit if spec.limit is not None else math.floor(current * (spec.factor or 1.0))
-        self._set(min(current, max(spec.floor, target)))
+        self._set(spec.lowered(self._gate.limit))
         self._holds.pop(key, None)
         self._holds[key] = spec
         self._recovery = None
