@@ -21,7 +21,7 @@ OTHER_CONCEPTS = {
     ("actions/pipeline/flows.py", "quarantine"),
     ("actions/pipeline/quarantines.py", "undrain"),
 }
-SERVER = {"restart", "disable_draft", "enable_draft", "reconfigure", "recover"}
+SERVER = {"restart", "disable_draft", "enable_draft", "reconfigure", "recover", "draft_schedule"}
 GATEWAY = {"throttle", "throttle_session", "drain", "undrain", "quarantine"}
 
 
@@ -42,6 +42,7 @@ def test_the_registry_lists_every_kind_in_the_order_the_config_error_names_them(
         "undrain",
         "quarantine",
         "recover",
+        "draft_schedule",
     )
     assert all(kind_of(name).name == name for name in kind_names())
     assert traits_of("respawn-of-an-old-row") == Traits()  # an unknown type in an old audit row: no traits
@@ -113,4 +114,5 @@ def test_no_module_outside_the_kinds_names_a_kind() -> None:
             found[module] = hits
     assert found == {}
     declaring = {p for p in KINDS.glob("*.py") if _literals(p) & names}
-    assert len(declaring) <= 4, sorted(p.name for p in declaring)  # server, power, gateway, recover
+    # server, power, gateway, recover, draftschedule
+    assert len(declaring) <= 5, sorted(p.name for p in declaring)

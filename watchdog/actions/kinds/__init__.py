@@ -11,6 +11,7 @@ from . import server  # noqa: F401  (registers restart, disable_draft, enable_dr
 from . import power  # noqa: F401  (gpu_power_limit)
 from . import gateway  # noqa: F401  (throttle, throttle_session, drain, undrain)
 from . import recover  # noqa: F401  (recover: vLLM's fault-tolerance retry, else restart)
+from . import draftschedule  # noqa: F401  (draft_schedule: a draft length per batch size)
 
 # isort: on
 from .base import Act, Kind, kind_of

@@ -11,6 +11,7 @@ from ...config.targets import TargetConfig
 from ...errors import ActionError
 from ..config import ActionConfig
 from ..runtimes import args as vllm_args
+from ..runtimes import speculative
 from ..runtimes.runtime import Launch, Runtime
 from ..store.actionstore import ActionStore
 from .flows import FlowContext, Outcome, relaunch, restart
@@ -66,6 +67,7 @@ async def plan_relaunch(
             return Plan("none", "", skip=f"nothing saved under {key!r} to restore")
         original = Launch.from_json(saved_text)
         new_args = vllm_args.restore_args(list(current.args), list(original.args), touched)
+        speculative.refuse_removed(new_args)  # a launch vLLM would refuse: a skip with the reason (guarded)
         if new_args == list(current.args):
             return Plan("none", "", spec_key=key, skip="already as originally launched")
         return Plan(
@@ -76,6 +78,7 @@ async def plan_relaunch(
             drop_spec=True,
         )
     new_args = _apply(action, list(current.args))
+    speculative.refuse_removed(new_args)
     if new_args == list(current.args):
         return Plan(
             "none", "", skip=f"already applied: {target.name} runs without the changes of {action.name}"
