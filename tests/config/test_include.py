@@ -129,6 +129,11 @@ def test_bundled_watchdog_yml_holds_the_default_actions_and_routes(tmp_path: Pat
     assert [r.actions for r in cfg.routes if "VLLMAnswersDiverged" in str(r.matchers)] == [
         ("answers-restart",)
     ]
+    recover = cfg.actions["engine-recover"]  # vLLM's own retry first, a restart with the same bounds else
+    assert recover.type == "recover" and recover.max_per_window == restart.max_per_window
+    assert [r.actions for r in cfg.routes if "VLLMEngineAwaitingRetry" in str(r.matchers)] == [
+        ("engine-recover",)
+    ]
 
 
 def test_embedded_defaults_include_the_bundled_file() -> None:
