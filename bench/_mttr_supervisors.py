@@ -97,12 +97,15 @@ class Supervisor:
         return code > 0 or (code < 0 and signal.Signals(-code) not in CLEAN_SIGNALS)
 
     async def _restart(self, kill: bool) -> None:
+        if self._stop.is_set():
+            return
         if kill and self.proc is not None:
             await asyncio.to_thread(stop_group, self.proc.pid, 30.0)
         elif self.proc is not None:
             await asyncio.to_thread(stop_group, self.proc.pid, 5.0)  # its leftover engine processes
         self.restarts += 1
-        self.start()
+        if not self._stop.is_set():  # stop() may have come while the old one was being stopped
+            self.start()
 
     def stop(self) -> None:
         """Stop supervising and stop vLLM."""
@@ -158,10 +161,12 @@ FAULTS = {
 }
 
 
-def inject(fault: str, server: int) -> int:
-    """Send the fault's signal to the EngineCore under `server`; its pid."""
+def inject(fault: str, server: int) -> float:
+    """Send the fault's signal to the EngineCore under `server`; when (unix seconds, taken after the /proc
+    scan that finds it, which takes a while on a loaded host: a request answered meanwhile is no recovery)."""
     engine = engine_core(server)
     if engine is None:
         raise RuntimeError(f"no VLLM::EngineCore in the session of {server}")
+    at = time.time()
     os.kill(engine, FAULTS[fault])
-    return engine
+    return at

@@ -159,8 +159,7 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
         server = stack.pid()
         if server is None or engine_core(server) is None:
             raise RuntimeError("no vLLM API server with an EngineCore to fault")
-        fault_at = time.time()
-        inject(fault, server)
+        fault_at = inject(fault, server)
         back = None
         while time.time() - fault_at < args.horizon and back is None:
             await asyncio.sleep(0.5)
@@ -194,9 +193,9 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
         with contextlib.suppress(Exception):
             if stack.pid() is not None:
                 os.killpg(stack.pid(), signal.SIGCONT)  # nothing is left stopped
-        stack.stop() if isinstance(stack, WatchdogStack) else await asyncio.to_thread(stack.stop)
-        supervising.cancel()
+        supervising.cancel()  # first: a supervisor loop must not start a vLLM while it is being stopped
         await asyncio.gather(supervising, return_exceptions=True)
+        stack.stop() if isinstance(stack, WatchdogStack) else await asyncio.to_thread(stack.stop)
     return out
 
 
