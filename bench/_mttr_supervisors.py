@@ -161,7 +161,16 @@ FAULTS = {
 }
 
 
-def inject(fault: str, server: int) -> float:
+def gone(pid: int) -> bool:
+    """Whether the process has exited (gone, or a zombie not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
+def inject(fault: str, server: int) -> tuple[float, int]:
     """Send the fault's signal to the EngineCore under `server`; when (unix seconds, taken after the /proc
     scan that finds it, which takes a while on a loaded host: a request answered meanwhile is no recovery)."""
     engine = engine_core(server)
@@ -169,4 +178,4 @@ def inject(fault: str, server: int) -> float:
         raise RuntimeError(f"no VLLM::EngineCore in the session of {server}")
     at = time.time()
     os.kill(engine, FAULTS[fault])
-    return at
+    return at, engine

@@ -15,11 +15,12 @@ Supervisors (one vLLM at a time, each started fresh for each fault):
               through its gateway;
   systemd, docker, kubernetes
               bench/_mttr_supervisors.py's loops with their restart semantics, the clients going to vLLM.
-Clients, all the time: a completion every 0.5 s, plain and streaming in turn (16 tokens, each with a
-300 s deadline). Measured: from the fault to the first request sent after it that succeeded (the service is
-back; not within --horizon: "never"); the requests that failed (in flight at the fault or sent after it),
-before their first byte or mid-stream; how the supervisor saw vLLM end. --quick: the freeze, under the
-watchdog only. The watchdog is measured as it is when the bench runs: which of its recovery features exist
+Clients, all the time: a completion every 0.5 s, plain and streaming in turn (16 tokens, each with a 300 s
+deadline). Measured: from the fault to the first request that succeeded among those sent after it (for kill
+and exit0: after the engine process was gone; the API server answers for a while after a clean exit begins):
+the service is back (not within --horizon: "never"); the requests that failed (in flight at the fault or sent
+after it), before their first byte or mid-stream; how the supervisor saw vLLM end. --quick: the freeze, under
+the watchdog only. The watchdog is measured as it is when the bench runs: which of its recovery features exist
 depends on the commit (printed).
 """
 
@@ -42,7 +43,7 @@ from typing import Any
 import httpx
 import yaml
 from _mttr_clients import BODY, Clients, errors, recovered_at
-from _mttr_supervisors import Supervisor, engine_core, inject, stop_group
+from _mttr_supervisors import Supervisor, engine_core, gone, inject, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 75.0  # seconds from a freeze to the first success: detection plus one vLLM start (issue 31)
@@ -139,6 +140,15 @@ async def _wait_serving(url: str, limit: float) -> float:
     raise RuntimeError(f"nothing served at {url} within {limit:.0f} s")
 
 
+async def _until_gone(engine: int, since: float, limit: float) -> float:
+    """Seconds from `since` until the engine process has exited (at most `limit`)."""
+    for _ in range(int(limit * 10)):
+        if gone(engine):
+            break
+        await asyncio.sleep(0.1)
+    return round(time.time() - since, 1)
+
+
 async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Start `kind` fresh, serve, inject `fault`, wait for recovery (at most --horizon), stop."""
     stack: Any = (
@@ -159,11 +169,16 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
         server = stack.pid()
         if server is None or engine_core(server) is None:
             raise RuntimeError("no vLLM API server with an EngineCore to fault")
-        fault_at = inject(fault, server)
+        fault_at, engine = inject(fault, server)
+        if (
+            fault != "freeze"
+        ):  # a clean exit takes a while: what the API server answers meanwhile is no recovery
+            out["engine_gone_s"] = await _until_gone(engine, fault_at, 60.0)
+        since = time.time()
         back = None
         while time.time() - fault_at < args.horizon and back is None:
             await asyncio.sleep(0.5)
-            back = recovered_at(clients.requests, fault_at)
+            back = recovered_at(clients.requests, since)
         await asyncio.sleep(3.0 if back is not None else 0.0)
         stop.set()
         await sending
@@ -208,6 +223,7 @@ def _line(r: dict[str, Any], horizon: float) -> str:
         f"  {r['fault']:<7} {r['supervisor']:<11} back after {back:<26} errors: "
         f"{e.get('before first byte', 0)} before first byte, {e.get('mid-stream', 0)} mid-stream; "
         f"replayed {r.get('replayed', 0)}; vLLM ended: {', '.join(r.get('exits', [])) or '-'}"
+        + (f"; engine gone after {r['engine_gone_s']:.1f} s" if "engine_gone_s" in r else "")
     )
 
 
