@@ -170,9 +170,8 @@ async def one_run(kind: str, fault: str, work: Path, args: argparse.Namespace) -
         if server is None or engine_core(server) is None:
             raise RuntimeError("no vLLM API server with an EngineCore to fault")
         fault_at, engine = inject(fault, server)
-        if (
-            fault != "freeze"
-        ):  # a clean exit takes a while: what the API server answers meanwhile is no recovery
+        # A clean exit takes a while: what the API server answers meanwhile is no recovery.
+        if fault != "freeze":
             out["engine_gone_s"] = await _until_gone(engine, fault_at, 60.0)
         since = time.time()
         back = None
