@@ -27,7 +27,10 @@ LINES = {
     ),
     ("vllm-serving.json", "Queue time"): ("VLLMQueueTimeHigh", "vllm:request_queue_time_seconds_bucket"),
     ("vllm-serving.json", "Admission rejection ratio"): ("VLLMRejecting", "vllm:admission_rejections_total"),
-    ("vllm-serving.json", "Schedule gain"): ("VLLMSpecDecodeScheduleMistuned", "vllm_watchdog_spec_schedule_gain"),
+    ("vllm-serving.json", "Schedule gain"): (
+        "VLLMSpecDecodeScheduleMistuned",
+        "vllm_watchdog_spec_schedule_gain",
+    ),
     ("vllm-serving.json", "Draft acceptance rate"): (
         "VLLMSpecDecodeAcceptanceLow",
         "instance:vllm_spec_decode_acceptance_ratio:rate10m",
