@@ -91,6 +91,8 @@ FAULT_ONLY = {
     "vllm_watchdog_engine_sleeping": "read from vLLM's /is_sleeping, dev mode only, as above",
     "vllm:corrupted_requests_total": "vLLM exports it only with VLLM_COMPUTE_NANS_IN_LOGITS=1, which the shared "
     "test vLLM runs without",
+    "vllm_watchdog_engines_unhealthy": "read from vLLM's GET /fault_tolerance/status, which only a vLLM with "
+    "--enable-fault-tolerance (data parallelism in external-LB mode) serves; the shared test vLLM runs without",
     "vllm_watchdog_known_answer_baseline_info": "read by VLLMAnswersUnchecked with state=learning only, which "
     "lasts seconds here: the remediation setup's baseline is learnt before the load ends",
 }
