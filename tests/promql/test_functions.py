@@ -155,6 +155,21 @@ def test_avg_over_time_does_not_overflow():
     assert math.isnan(rf.avg_over_time([INF, -INF]) or 0.0)
 
 
+def test_avg_over_time_of_one_value_throughout_is_the_general_loop_bit_for_bit():
+    # The constant window's shortcut must give what the incremental mean gives: the value itself, and
+    # +0.0 for zeros of either sign (0.0 + -0.0 is 0.0 in the loop's first step).
+    for value in (3.7, -2.5, 1e308, -1e308, 5e-324, 0.0, -0.0):
+        for n in (1, 2, 300):
+            got = rf.avg_over_time([value] * n)
+            assert got is not None
+            assert math.copysign(1.0, got) == (1.0 if value == 0 else math.copysign(1.0, value))
+            assert got == (value if value != 0 else 0.0)
+    mixed = rf.avg_over_time([-0.0, 0.0, -0.0])
+    assert mixed == 0.0 and math.copysign(1.0, mixed) == 1.0
+    assert math.isnan(rf.avg_over_time([NAN, NAN]) or 0.0)
+    assert rf.avg_over_time([-INF, -INF]) == -INF
+
+
 def test_holt_winters_validates_factors():
     with pytest.raises(ValueError, match=r"^invalid smoothing factor. Expected: 0 < sf < 1, got: 0.000000$"):
         rf.holt_winters([1.0, 2.0], 0, 0.3)  # message from promtool 2.42

@@ -173,16 +173,27 @@ def avg_over_time(vals: Sequence[float]) -> float | None:
     """Mean of the values, computed incrementally (with Kahan compensation) so it cannot overflow."""
     if not vals:
         return None
+    first = vals[0]
+    if math.isfinite(first) and vals.count(first) == len(vals):
+        # One finite value throughout: every step adds exactly 0 and no compensation (zeros end as +0.0).
+        return first + 0.0
     mean = comp = count = 0.0
+    isinf = math.isinf
     for v in vals:
         count += 1
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
+        if isinf(mean):
+            if isinf(v) and (mean > 0) == (v > 0):
                 continue  # same-sign infinities: the mean stays what it is
-            if not math.isinf(v) and not math.isnan(v):
+            if not isinf(v) and not math.isnan(v):
                 continue  # a finite value cannot move an infinite mean
-        mean, comp = kahan_inc(v / count - mean / count, mean, comp)
-    return mean if math.isinf(mean) else mean + comp
+        inc = v / count - mean / count
+        t = mean + inc  # kahan_inc(inc, mean, comp), inlined: the same operations in the same order
+        if abs(mean) >= abs(inc):
+            comp += (mean - t) + inc
+        else:
+            comp += (inc - t) + mean
+        mean = t
+    return mean if isinf(mean) else mean + comp
 
 
 def min_over_time(vals: Sequence[float]) -> float | None:
