@@ -24,8 +24,9 @@ def gpu_step(n: float) -> float:
 class Engine:
     """Counters of an engine that always drafts k tokens at every batch size it runs."""
 
-    def __init__(self, accept: tuple[float, ...] = ACCEPT) -> None:
+    def __init__(self, accept: tuple[float, ...] = ACCEPT, overhead: float = 0.0) -> None:
         self.accept = accept
+        self.overhead = overhead  # seconds a step costs more whenever speculation drafts
         self.t = 0.0
         self.c = {"steps": 0.0, "step_tokens": 0.0, "generated": 0.0, "drafts": 0.0, "draft_tokens": 0.0}
         self.accepted = 0.0
@@ -35,7 +36,7 @@ class Engine:
         """`seconds` one-second scrapes at this batch size and k."""
         for _ in range(seconds):
             n = batch * (1 + k)
-            steps = 1.0 / gpu_step(n)
+            steps = 1.0 / (gpu_step(n) + (self.overhead if k else 0.0))
             self.t += 1.0
             self.c["steps"] += steps
             self.c["step_tokens"] += steps * n
@@ -104,6 +105,25 @@ def test_a_near_tie_does_not_move_the_held_k() -> None:
     est.held[r16] = 2
     est.margin = 0.2
     assert (est.estimate() or first).best[r16] == 2  # under 20% better: held
+
+
+def test_a_range_measured_without_drafts_too_is_judged_by_what_it_measured() -> None:
+    """Each step that drafts costs 40 ms more (a proposer the cost curve cannot see: every drafting step has
+    it): the model alone keeps k = 4 at batch 1; goodput measured without drafts there says it loses."""
+    model_only, engine = SpecGoodput(), Engine(overhead=0.04)
+    for batch in (1, 4):
+        engine.run(model_only, batch, 4, 30)
+    alone = model_only.estimate()
+    assert alone is not None and alone.best[0] == 4
+    both = SpecGoodput()
+    for batch, k in ((1, 0), (1, 4), (4, 4)):
+        engine.run(both, batch, k, 30)
+    est = both.estimate()
+    assert est is not None
+    r1 = next(r for r in est.ranges if r.label == "1")
+    # with drafts: 3.1 tokens per 50 ms step; without: 1 per 10 ms
+    assert r1.speedup[4] == pytest.approx(3.1 * 0.01 / 0.05)
+    assert est.best[0] == 0 and est.schedule[0][::2] == (1, 0)
 
 
 def test_no_estimate_without_drafts_or_with_one_cost_point() -> None:

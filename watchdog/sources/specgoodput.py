@@ -222,28 +222,33 @@ class SpecGoodput:
 
     def estimate(self) -> Estimate | None:
         """The estimate from the window; None without enough drafts or without two cost points."""
-        by_range: dict[int, Totals] = {}
+        on: dict[int, Totals] = {}
+        off: dict[int, Totals] = {}  # intervals without a draft: what the range gives without speculation
         for _, where, sums in self.intervals:
-            by_range.setdefault(where, Totals()).add(sums)
+            (on if sums.drafts > 0 else off).setdefault(where, Totals()).add(sums)
         drafting = Totals()
-        for sums in by_range.values():
-            if sums.drafts > 0:
-                drafting.add(sums)
+        for sums in on.values():
+            drafting.add(sums)
         if drafting.drafts < MIN_DRAFTS or drafting.request_steps <= 0:
             return None
         k_max = max((i + 1 for i, v in enumerate(drafting.per_pos) if v > 0), default=0)
         k_max = max(k_max, min(MAX_K, math.ceil(drafting.draft_tokens / drafting.drafts)))
         f = min(drafting.drafts / drafting.request_steps, 1.0)
-        accept = _acceptance(by_range.values(), drafting.per_pos)
-        measured = {i: s for i, s in by_range.items() if s.steps >= MIN_STEPS and s.request_steps > 0}
+        accept = _acceptance(on.values(), drafting.per_pos)
+        measured = {i: s for i, s in on.items() if s.steps >= MIN_STEPS and s.request_steps > 0}
         points = sorted({(s.step_tokens / s.steps, s.seconds / s.steps) for s in measured.values()})
         if len(points) < 2:
             return None
-        ranges = tuple(_range_estimate(i, measured[i], f, accept, k_max, points) for i in sorted(measured))
-        return self._decide(ranges, k_max)
+        ranges = tuple(
+            _calibrated(_range_estimate(i, measured[i], f, accept, k_max, points), off.get(i))
+            for i in sorted(measured)
+        )
+        plain = tuple(i for i, s in off.items() if i not in measured and s.steps >= MIN_STEPS)
+        return self._decide(ranges, k_max, plain)
 
-    def _decide(self, ranges: tuple[RangeEstimate, ...], k_max: int) -> Estimate:
-        """Hold or move each range's best k, fill the ranges not measured, and weigh the gain."""
+    def _decide(self, ranges: tuple[RangeEstimate, ...], k_max: int, plain: tuple[int, ...]) -> Estimate:
+        """Hold or move each range's best k, fill the ranges not measured, and weigh the gain (a range that
+        ran without drafts only keeps its held k, 0 if none: nothing says what a draft would give there)."""
         for r in ranges:
             best = max(range(k_max + 1), key=lambda k: (r.speedup[k], -k))
             held = self.held.get(r.index)
@@ -252,7 +257,7 @@ class SpecGoodput:
             if r.speedup[best] > r.speedup[held] * (1.0 + self.margin):
                 held = best
             self.held[r.index] = held
-        known = {r.index: self.held[r.index] for r in ranges}
+        known = {i: self.held.get(i, 0) for i in plain} | {r.index: self.held[r.index] for r in ranges}
         best_all = tuple(_fill(known, i) for i in range(len(RANGES)))
         total = sum(r.seconds for r in ranges)
         now = sum(r.seconds * _at(r.speedup, r.current_k) for r in ranges) / total
@@ -291,6 +296,21 @@ def _range_estimate(
         min(current, float(k_max)),
         tuple(speedup),
     )
+
+
+def _calibrated(r: RangeEstimate, off: Totals | None) -> RangeEstimate:
+    """The model's speedups scaled to what the range measured: where it also ran without drafts (a schedule's
+    k = 0, or before a relaunch), goodput with the k that ran over goodput without is S at that k, and what
+    the model leaves out (the proposer, the rejection sampler, a draft model's own steps) scales every k >= 1
+    alike."""
+    if off is None or off.steps < MIN_STEPS or off.seconds <= 0 or off.generated <= 0 or r.current_k < 0.5:
+        return r
+    measured = r.tokens_per_second / (off.generated / off.seconds)
+    model = _at(r.speedup, r.current_k)
+    if model <= 0:
+        return r
+    scaled = (1.0, *(x * measured / model for x in r.speedup[1:]))
+    return RangeEstimate(r.index, r.seconds, r.step_seconds, r.tokens_per_second, r.current_k, scaled)
 
 
 def _at(speedup: Sequence[float], k: float) -> float:
