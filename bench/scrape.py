@@ -406,18 +406,23 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def per_target(runs: dict[tuple[int, str], dict[str, Any]]) -> None:
-    """Both modes side by side for each target count: CPU and RSS of both processes and their ratios, and the
-    cost per target (CPU ms per target per second; a % of one core is 10 ms/s)."""
+    """Both modes side by side for each target count: CPU and RSS of both processes and their ratios, the CPU
+    per scrape done (ms) and the share of the expected scrapes each did."""
     print(
         "\nside by side (CPU % of one core, RSS max MiB; ratio = vllm-watchdog / prometheus in the same run):"
     )
+    print("  (a starved process skips scrapes and so spends less: 'ms/scrape' is CPU per scrape it did)")
     head = f"{'CPU wd':>9}{'CPU prom':>10}{'ratio':>7}{'RSS wd':>9}{'RSS prom':>10}{'ratio':>7}"
-    print(f"  {'targets':>8} {'mode':<7}{head}{'ms/target/s wd':>16}{'prom':>8}")
+    head += f"{'ms/scrape wd':>14}{'prom':>7}{'ratio':>7}{'done wd':>9}{'prom':>6}"
+    print(f"  {'targets':>8} {'mode':<7}{head}")
     for (n, mode), res in sorted(runs.items()):
         d, p = res["daemon"], res["prometheus"]
         cpu_r = d["cpu_pct"] / p["cpu_pct"] if p["cpu_pct"] else float("inf")
         rss_r = d["rss_max_mib"] / p["rss_max_mib"] if p["rss_max_mib"] else float("inf")
-        cost = f"{d['cpu_pct'] * 10 / n:16.3f}{p['cpu_pct'] * 10 / n:8.3f}"
+        window = res["window_s"]
+        per = [r["cpu_pct"] * 10 * window / max(r["scrapes_delta"], 1) for r in (d, p)]
+        done = [100 * r["scrapes_delta"] / res["scrapes_expected"] for r in (d, p)]
+        cost = f"{per[0]:14.3f}{per[1]:7.3f}{per[0] / per[1]:7.2f}{done[0]:8.0f}%{done[1]:5.0f}%"
         print(f"  {n:>8} {mode:<7}{d['cpu_pct']:9.1f}{p['cpu_pct']:10.1f}{cpu_r:7.2f}{d['rss_max_mib']:9.1f}"
               f"{p['rss_max_mib']:10.1f}{rss_r:7.2f}{cost}")  # fmt: skip
 
