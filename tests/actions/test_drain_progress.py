@@ -11,9 +11,10 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from tests.actions.test_flows import AlwaysReady, Recording, begin
 from tests.support.clock import Clock
 from vllm_watchdog.actions.config import ActionConfig
-from vllm_watchdog.actions.pipeline.flows import FlowContext, drain
+from vllm_watchdog.actions.pipeline.flows import STALLED_STOP_TIMEOUT, FlowContext, drain
 from vllm_watchdog.actions.pipeline.plans import Plan, execute_plan
 from vllm_watchdog.actions.pipeline.progress import (
     RUNNING,
@@ -25,6 +26,7 @@ from vllm_watchdog.actions.pipeline.progress import (
     stalled_for,
 )
 from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
+from vllm_watchdog.actions.runtimes.runtime import Launch
 from vllm_watchdog.actions.runtimes.targetruntimes import UnavailableRuntime
 from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import parse_config
@@ -247,3 +249,38 @@ async def test_the_action_plane_reads_the_engine_steps_from_the_sample_store() -
         samples.append(make_labels(RUNNING, base), t_ms, 2.0 if second >= 10 else 0.0)
     assert plane.engine_steps("vllm-0") == EngineSteps(still=9.0, busy=19.0)
     assert plane.engine_steps("other") == EngineSteps()
+
+
+class StopTimeouts(Recording):  # type: ignore[misc]
+    """A runtime that notes the SIGTERM-to-SIGKILL wait each stop and replace were given."""
+
+    async def stop(self, timeout: float) -> None:
+        self.calls.append(f"stop {timeout:g}")
+
+    async def replace(self, launch: Launch, stop_timeout: float) -> None:
+        self.calls.append(f"replace {stop_timeout:g}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("stalled", "waits"), [(True, STALLED_STOP_TIMEOUT), (False, 90.0)])
+async def test_a_server_whose_drain_found_it_stalled_is_killed_without_the_graceful_wait(
+    stalled: bool, waits: float
+) -> None:
+    """A frozen EngineCore never handles SIGTERM (its API server waits on it), so the stop's 90 s would be
+    wasted on it: after a drain that ended stalled, SIGKILL follows 5 s after SIGTERM. A healthy server's
+    drain (everything finished) keeps the whole graceful wait."""
+    store, clock = ActionStore(None), Clock()
+    for plan, verb in (
+        (Plan("restart", "restart"), "stop"),
+        (Plan("relaunch", "relaunch", new=Launch("docker", ("--x",))), "replace"),
+    ):
+        calls: list[str] = []
+        ctx = replace(
+            context(store, clock, lambda: 1.0 if stalled else 0.0, lambda: frozen(30.0)),
+            runtime=StopTimeouts(calls),
+            ready=AlwaysReady(),
+        )  # type: ignore[arg-type]
+        action = ActionConfig("a", "restart", drain_timeout=60.0, stop_timeout=90.0)
+        outcome = await execute_plan(plan, action, ctx, begin(store, clock), store, None)
+        assert outcome.outcome == "succeeded", outcome
+        assert f"{verb} {waits:g}" in calls, calls

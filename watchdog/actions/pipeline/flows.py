@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the readiness checks import the HTTP stack, which `check co
 
 log = logging.getLogger("vllm_watchdog.actions.flows")  # the name logs have always carried
 DRAIN_POLL = 0.5
+STALLED = "stalled"  # how the `drained` step's reason begins when nothing in flight could progress
+STALLED_STOP_TIMEOUT = 5.0  # seconds from SIGTERM to SIGKILL for a server whose drain found it stalled
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class FlowContext:
         await failpoints.reach(name)
 
 
-async def drain(ctx: FlowContext, action_id: int, timeout: float, stall_after: float = STALL_AFTER) -> None:
+async def drain(ctx: FlowContext, action_id: int, timeout: float, stall_after: float = STALL_AFTER) -> str:
     """Stop admitting new requests, then wait up to `timeout` for running ones to finish, or until none of
     them can: no upstream byte and no engine step for `stall_after` seconds (progress.py; 0: never judged).
 
@@ -106,6 +108,14 @@ async def drain(ctx: FlowContext, action_id: int, timeout: float, stall_after: f
         ended = _drain_ended(ctx, running, stall_after)
     ended = ended or f"timeout: still running after {timeout:g}s"
     ctx.step(action_id, "drained", running=running, ended=ended)
+    return ended
+
+
+def stop_timeout_after(ended: str, stop_timeout: float) -> float:
+    """How long the stop waits after SIGTERM: a drain that ended stalled found an engine that moves nothing (a
+    frozen EngineCore never handles SIGTERM, and its API server waits on it), so STALLED_STOP_TIMEOUT, then
+    SIGKILL; a graceful stop has nothing left to finish there."""
+    return min(stop_timeout, STALLED_STOP_TIMEOUT) if ended.startswith(STALLED) else stop_timeout
 
 
 def _drain_ended(ctx: FlowContext, running: float | None, stall_after: float) -> str:
@@ -116,7 +126,7 @@ def _drain_ended(ctx: FlowContext, running: float | None, stall_after: float) ->
         return "all finished"
     idle = stalled_for(ctx.progress(), running) if stall_after > 0 else None
     if idle is not None and idle >= stall_after:
-        return f"stalled: no progress for {idle:.0f}s"
+        return f"{STALLED}: no progress for {idle:.0f}s"
     return ""
 
 
@@ -169,8 +179,9 @@ async def restart(
 ) -> Outcome:
     """Drain, stop, start, wait for /health and a canary, undrain."""
     try:
-        await drain(ctx, action_id, drain_timeout, stall_after)
+        ended = await drain(ctx, action_id, drain_timeout, stall_after)
         await ctx.evidence()
+        stop_timeout = stop_timeout_after(ended, stop_timeout)
         await ctx.enter(action_id, "stop", timeout=stop_timeout)
         await ctx.runtime.stop(stop_timeout)
         await ctx.enter(action_id, "start")
@@ -203,12 +214,12 @@ async def relaunch(
     """Replace the server with `new`; if it is not ready in time or its answers are wrong, roll back to the
     old one exactly."""
     try:
-        await drain(ctx, action_id, drain_timeout, stall_after)
+        ended = await drain(ctx, action_id, drain_timeout, stall_after)
         await ctx.evidence()
         # `argv`, not `args` (LogRecord's own attribute); reconcile reads it back to tell new from old
         await ctx.enter(action_id, "replace", argv=list(new.args))
         try:
-            await ctx.runtime.replace(new, stop_timeout)
+            await ctx.runtime.replace(new, stop_timeout_after(ended, stop_timeout))
         except ActionError as exc:
             return await _roll_back(ctx, action_id, f"replace failed: {exc}", stop_timeout, ready_timeout)
         await ctx.enter(action_id, "wait_ready", timeout=ready_timeout)
