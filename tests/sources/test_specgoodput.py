@@ -137,15 +137,16 @@ def test_no_estimate_without_drafts_or_with_one_cost_point() -> None:
     assert one.estimate() is None  # one batch size: the cost of more tokens is unknown
 
 
-def test_a_counter_reset_or_a_range_change_is_no_interval() -> None:
+def test_a_counter_reset_or_an_idle_end_is_no_interval_and_a_range_is_the_mean_batch() -> None:
     est = SpecGoodput()
     est.observe(Snapshot(1.0, 4, 100, 500, 200))
     est.observe(Snapshot(2.0, 4, 10, 50, 20))  # restarted: counters went back
-    est.observe(Snapshot(3.0, 16, 20, 100, 40))  # 4 -> 16: two ranges
+    est.observe(Snapshot(3.0, 0, 20, 100, 40))  # idle at one end
     est.observe(Snapshot(3.0, 16, 30, 150, 60))  # not newer
     assert not est.intervals
     est.observe(Snapshot(4.0, 16, 30, 150, 60))
-    assert len(est.intervals) == 1
+    est.observe(Snapshot(5.0, 12, 40, 200, 80))  # 16 and 12: a batch of 14
+    assert [where for _, where, _ in est.intervals] == [range_of(14)]
 
 
 def test_step_time_reads_between_and_past_the_points() -> None:

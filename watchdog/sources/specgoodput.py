@@ -2,7 +2,7 @@
 "Speculative decoding by goodput" has the formula and its assumptions).
 
 Each scrape of a target is a `Snapshot` of vLLM's counters and of its running requests. Two snapshots in a row
-whose running requests fall in one batch-size range (`RANGES`) are one interval of that range: its engine
+are one interval of the batch-size range (`RANGES`) their mean running requests fall in: its engine
 steps, the tokens those steps carried, the tokens generated and the drafts, draft tokens and accepted tokens
 (per draft position). From a window of intervals, for each range with enough steps:
 
@@ -129,9 +129,12 @@ def range_of(running: float) -> int | None:
 
 
 def interval(a: Snapshot, b: Snapshot) -> tuple[int, Totals] | None:
-    """The interval between two snapshots, if both fall in one range and no counter went back."""
-    where = range_of(a.running)
-    if where is None or where != range_of(b.running) or not 0 < b.t - a.t <= MAX_GAP:
+    """The interval between two snapshots, in the range of their mean running requests (a closed loop of 16
+    clients runs 12 to 16 at a scrape), if both ran some, neither ran twice the other's (the load moved
+    within the interval) and no counter went back."""
+    low, high = sorted((a.running, b.running))
+    where = range_of((low + high) / 2)
+    if where is None or low < 1 or high > 2 * low or not 0 < b.t - a.t <= MAX_GAP:
         return None
     pos = [y - x for x, y in zip(_pad(a.per_pos), _pad(b.per_pos), strict=True)]
     sums = Totals(
