@@ -119,8 +119,9 @@ class _Kernel:
         """The function of s's samples ts[lo:hi] (lo < hi); None where it has none."""
         ts, start_ms, end_ms = s.ts, self.start_ms, self.end_ms
         first, last = ts[lo], ts[hi - 1]
+        stale = bool(s.stales) and any_within(s.stales, first, last)
         if (
-            (s.stales and any_within(s.stales, first, last))
+            (stale and self.extreme is not None)
             or (self.is_counter and s.resets and any_within(s.resets, first + 1, last))
             or (self.extreme is not None and s.nans and any_within(s.nans, first, last))
         ):
@@ -130,6 +131,8 @@ class _Kernel:
             return RANGE_FUNCTIONS[self.name](w.ts, w.vals, start_ms, end_ms, self.t, ())
         if self.extreme is not None:
             return self.extreme(s.vals[lo:hi])
+        if stale:
+            return _change_skipping_stale(s, lo, hi, self)
         if hi - lo < 2:
             return None
         v0 = s.vals[lo]
@@ -139,6 +142,26 @@ class _Kernel:
         if change == 0.0:
             return change
         return extrapolate(change, hi - lo, first, last, v0, start_ms, end_ms, self.is_counter, self.is_rate)
+
+
+def _change_skipping_stale(s: Series, lo: int, hi: int, k: _Kernel) -> float | None:
+    """rate, increase or delta of ts[lo:hi] less its staleness markers, in place: what the general kernel
+    gives on the filtered copy when no counter reset lies inside (the caller checked), without the copy.
+    Each marker is one sample, so the series' sorted marker times count those inside."""
+    ts, vals, stales = s.ts, s.vals, s.stales
+    n = hi - lo - (bisect_right(stales, ts[hi - 1]) - bisect_left(stales, ts[lo]))
+    if n < 2:
+        return None
+    f, b = lo, hi - 1
+    while is_stale(vals[f]):
+        f += 1
+    while is_stale(vals[b]):
+        b -= 1
+    v0 = vals[f]
+    change = vals[b] - v0
+    if change == 0.0:
+        return change  # as the general kernel: extrapolating scales it by a finite positive factor
+    return extrapolate(change, n, ts[f], ts[b], v0, k.start_ms, k.end_ms, k.is_counter, k.is_rate)
 
 
 class Selection:
