@@ -504,3 +504,54 @@ async def test_the_startup_grace_ends_once_the_server_was_ready(ready: bool) -> 
     else:
         assert (rt.calls, rec.outcome) == ([], "skipped")
         assert rec.reason.startswith("the server started 1m ago and has not been ready since")
+
+
+SUPERSEDING = CONFIG.replace(
+    "  - {match: {alertname: Hung}, actions: [restart]}\n",
+    "  - {match: {alertname: Hung}, actions: [restart]}\n  - {match: {alertname: Down}, actions: [restart_down]}\n",
+).replace(
+    "actions:\n",
+    "actions:\n  restart_down: {type: restart, cooldown: 15m, startup_grace: 0s}\n",
+)
+
+
+class SlowStop(ScriptedRuntime):
+    """A stop that takes 20 s of the test's clock."""
+
+    clock: Clock
+
+    async def stop(self, timeout: float) -> None:
+        self.clock.now += 20
+        await super().stop(timeout)
+
+
+def _firing(name: str, starts_at: float) -> OutgoingAlert:
+    return replace(alert(name), starts_at=starts_at, ends_at=starts_at + 3600)
+
+
+async def test_a_need_raised_while_another_restart_had_the_server_down_is_superseded_by_it() -> None:
+    """VLLMDown fires while a restart has the server stopped; its own restart waits behind that one. Once the
+    first succeeded, the server it restarted is the cure: the waiting restart is skipped (superseded), so a
+    healthy, verified server is not drained and restarted again. A need that began after is acted on."""
+    slow = SlowStop()
+    r, rt, _, _, clock = make(SUPERSEDING, runtime=slow)
+    slow.clock = clock
+    began = clock.now
+    r.handle([_firing("Hung", began)], clock.now)
+    await settle(r)  # the stop took 20 s of the clock
+    clock.now += 30
+    r.handle([_firing("Down", began + 10)], clock.now)  # raised while the restart had the server stopped
+    await settle(r)
+    assert rt.calls == ["stop", "start"]  # one restart only
+    down = next(rec for rec in r.store.history() if rec.action == "restart_down")
+    assert down.outcome == "skipped", down
+    assert "superseded: restart (id 1) restarted vllm-0" in down.reason
+    clock.now += 60
+    r.handle([_firing("Down", clock.now - 5)], clock.now)  # a fault that remains: raised again, later
+    await settle(r)
+    assert rt.calls == ["stop", "start", "stop", "start"]
+    clock.now += 16 * 60  # past restart_down's cooldown, which a manual run obeys like every rail
+    manual = Job(r.config.actions["restart_down"], r.config.targets[0], {}, "manual", needed_at=began)
+    r.enqueue(manual)
+    await settle(r)
+    assert rt.calls[-2:] == ["stop", "start"] and len(rt.calls) == 6  # a person's run is never superseded

@@ -5,6 +5,8 @@ and passes (None) or stops it with a Stop that says how (refused, a dry run's wo
 The order, defined once in PIPELINE:
 
 - preflight: the action can act on the target at all (a runtime of the right kind, NVML, a gateway);
+- superseded: a kind that stops_server for a need that began before such an action on the target finished
+  successfully (superseded.py: the alert was raised while that action had the server down);
 - rails: the safety rails (rails.py), with the server's start read once for a kind that needs_startup_grace,
   and whether the monitor saw it ready since (which ends the grace);
 - quarantined: a kind that stops_server is refused on a quarantined target (quarantines.py: its answers
@@ -13,7 +15,8 @@ The order, defined once in PIPELINE:
 - dry_run: a dry run reports the plan and stops;
 - state_unwritable: a kind that needs_writable_state is refused while its audit row could not be kept;
 - fleet: a kind that takes_fleet_slot waits for a slot of the fleet's budget; minutes may pass, so after the
-  wait the gates of AFTER_WAIT run: target_removed (reload, discovery), then the rails and the plan again.
+  wait the gates of AFTER_WAIT run: target_removed (reload, discovery), superseded, then the rails and
+  the plan again.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .preflight import server_started_at, unsupported
 from .quarantines import quarantined_reason
 from .rails import Rails, Verdict
 from .removal import REMOVED_RAIL, removed
+from .superseded import superseded
 
 STATE_RAIL = "state_unwritable"  # the rail that refuses an action while state_dir cannot be written
 QUARANTINE_RAIL = "quarantined"  # the rail that refuses a restart of a target whose answers stayed wrong
@@ -111,6 +115,15 @@ class Preflight:
         """Refused when it cannot."""
         problem = unsupported(d.job.action, d.job.target, d.runtime, r.power, d.gateway)
         return Stop(Verdict(False, problem), "refuse") if problem else None
+
+
+class Superseded:
+    """No restart for a need that a server-stopping action on the target has cured since (superseded.py)."""
+
+    async def check(self, d: Decision, r: Deciding) -> Stop | None:
+        """Skipped on the superseded rail."""
+        verdict = superseded(d.job, r.store)
+        return None if verdict is None else Stop(verdict)
 
 
 class RailsGate:
@@ -234,6 +247,8 @@ class FleetSlot:
         return await self.after.check(d, r)
 
 
-RAILS, QUARANTINED, PLAN = RailsGate(), Quarantined(), NothingToDo()
-AFTER_WAIT = Gates((TargetPresent(), RAILS, QUARANTINED, PLAN))
-PIPELINE = Gates((Preflight(), RAILS, QUARANTINED, PLAN, DryRun(), StateWritable(), FleetSlot(AFTER_WAIT)))
+RAILS, QUARANTINED, PLAN, SUPERSEDED = RailsGate(), Quarantined(), NothingToDo(), Superseded()
+AFTER_WAIT = Gates((TargetPresent(), SUPERSEDED, RAILS, QUARANTINED, PLAN))
+PIPELINE = Gates(
+    (Preflight(), SUPERSEDED, RAILS, QUARANTINED, PLAN, DryRun(), StateWritable(), FleetSlot(AFTER_WAIT))
+)
