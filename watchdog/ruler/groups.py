@@ -48,19 +48,29 @@ class RecordingRule:
         self.rule = rule
         self.name = rule.name
         self.status = RuleStatus()
+        self._keys: dict[Labels, Labels] = {}  # result labels -> recorded labels, from earlier evaluations
+
+    def _key(self, labels: Labels) -> Labels:
+        """A result's labels with `__name__` and the rule's labels set (empty values remove a label)."""
+        pairs = dict(labels)
+        pairs["__name__"] = self.name
+        for name, value in self.rule.labels.items():
+            if value == "":
+                pairs.pop(name, None)
+            else:
+                pairs[name] = value
+        return tuple(sorted(pairs.items()))
 
     def eval(self, ts: int, query: QueryFunc, limit: int = 0) -> list[tuple[Labels, float]]:
         """The samples to record at ts: result labels with `__name__` and the rule's labels set."""
         out: dict[Labels, float] = {}
-        for sample in query(self.rule.expr, ts / 1000):
-            pairs = dict(sample.labels)
-            pairs["__name__"] = self.name
-            for name, value in self.rule.labels.items():
-                if value == "":
-                    pairs.pop(name, None)
-                else:
-                    pairs[name] = value
-            key: Labels = tuple(sorted(pairs.items()))
+        keys = self._keys
+        vector = query(self.rule.expr, ts / 1000)
+        if len(keys) > 4 * len(vector) + 64:  # keep it to about the series recorded
+            keys.clear()
+        for sample in vector:
+            if (key := keys.get(sample.labels)) is None:
+                key = keys[sample.labels] = self._key(sample.labels)
             if key in out:
                 raise QueryError("vector contains metrics with the same labelset after applying rule labels")
             out[key] = sample.value
