@@ -524,7 +524,9 @@ def build_report(
             for k in ("id", "action", "type", "trigger", "outcome", "reason", "labels", "started_at")
         }
         for r in history
+        if r.get("type") != "integrity"  # the known answers' records (a baseline learnt), not actions
     ]
+    baselines = [r for r in history if r.get("type") == "integrity"]
     critical = [a for a in alerts if a["severity"] == "critical" and (a["fired"] or a["polled_firing"])]
     errors = sum(sum(k["errors"].values()) for k in kinds.values())
     reasons = []
@@ -554,6 +556,7 @@ def build_report(
         "alerts": alerts,
         "alert_episodes": episodes[:200],
         "actions": rows,
+        "known_answer_records": [{k: r.get(k) for k in ("action", "trigger", "reason")} for r in baselines],
         "action_events": hooks.events,
         "watchdog_alerts": actions.get("watchdog_alerts", []),
         "gateway": {k: gateway.get("data", {}).get(k) for k in ("limit", "ceiling", "breakers", "draining")},
