@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..store import SampleStore
+from ..store import SampleStore, Series
 from .selffeed import OwnCollector, Want, everything
 from .specgoodput import Estimate, Snapshot, SpecGoodput
 
@@ -32,17 +32,33 @@ Targets = Callable[[], Iterable[tuple[str, Mapping[str, str]]]]
 """The watched targets: name, and the job and instance their vLLM series carry."""
 
 
+ByName = Mapping[str, list[Series]]
+
+
+def grouped(store: SampleStore) -> dict[tuple[str, str], dict[str, list[Series]]]:
+    """The series the estimate reads, by their (job, instance) and name: one pass over them per collection,
+    not one per target (that was O(targets x series) each second)."""
+    out: dict[tuple[str, str], dict[str, list[Series]]] = {}
+    for name in NEEDED:
+        for series in store.select(name):
+            labels = dict(series.labels)
+            key = (labels.get("job", ""), labels.get("instance", ""))
+            out.setdefault(key, {}).setdefault(name, []).append(series)
+    return out
+
+
 def snapshot(store: SampleStore, job: str, instance: str) -> Snapshot | None:
     """The newest scrape of one target's counters (summed over engines), None if any is missing."""
+    return snapshot_of(grouped(store).get((job, instance), {}))
 
-    def mine(labels: tuple[tuple[str, str], ...]) -> bool:
-        d = dict(labels)
-        return d.get("job") == job and d.get("instance") == instance
 
+def snapshot_of(mine: ByName) -> Snapshot | None:
+    """The newest scrape of the counters among one target's series (summed over engines); None if any is
+    missing."""
     newest, values = 0, {}
     for key, name in {**COUNTERS, "running": RUNNING}.items():
         total, seen = 0.0, False
-        for series in store.select(name, mine):
+        for series in mine.get(name, ()):
             got = series.ts and series.at(series.ts[-1], LOOKBACK_MS)
             if got:
                 newest, total, seen = max(newest, got[0]), total + got[1], True
@@ -50,7 +66,7 @@ def snapshot(store: SampleStore, job: str, instance: str) -> Snapshot | None:
             return None
         values[key] = total
     per_pos: dict[int, float] = {}
-    for series in store.select(PER_POS, mine):
+    for series in mine.get(PER_POS, ()):
         got = series.ts and series.at(series.ts[-1], LOOKBACK_MS)
         pos = dict(series.labels).get("position", "")
         if got and pos.isdigit():
@@ -75,10 +91,11 @@ class SpecGoodputCollector(OwnCollector):
             return
         estimates: list[tuple[dict[str, str], Estimate]] = []
         names = set()
+        by_target = grouped(self.store)
         for name, labels in list(self.targets())[:MAX_TARGETS]:
             names.add(name)
             job, instance = labels.get("job", ""), labels.get("instance", "")
-            snap = snapshot(self.store, job, instance)
+            snap = snapshot_of(by_target.get((job, instance), {}))
             est = self.estimators.setdefault(name, SpecGoodput())
             if snap is not None:
                 est.observe(snap)
