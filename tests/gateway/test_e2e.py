@@ -91,10 +91,18 @@ def _completion(
     max_tokens: int = 16,
     prompt: str = "the quick brown fox",
     temperature: float = 0.0,
+    ignore_eos: bool = False,
 ) -> None:
     """One completion through the gateway; appends (session, status, body, finished) to results. Sampling
-    (temperature > 0) defeats the shared server's ngram drafts, so a request takes its full time."""
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    (temperature > 0) defeats the shared server's ngram drafts, and ignore_eos keeps a sampled end of sequence
+    from cutting it short, so a request takes its full time."""
+    body = {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "ignore_eos": ignore_eos,
+    }
     sent = time.monotonic()
     resp = CLIENT.post(base + "/v1/completions", json=body, headers={"X-Session-ID": session}, timeout=120)
     try:
@@ -120,9 +128,13 @@ def test_a_flooding_session_is_limited_while_another_gets_through(
     results: list[tuple[str, int, dict[str, Any], float]] = []
     flood = [
         # sampled, so that each takes its full time: greedy, they rode the ngram drafts and all three had ended
-        # before B was sent (CI saw B finish 0.08 s after the last of them)
+        # before B was sent (CI saw B finish 0.08 s after the last of them). 256 tokens without an early end:
+        # A's three run one after another for several seconds each, so B, sent 0.3 s after them, overtakes
+        # them even when a loaded CI stalls the test's threads for seconds (seen: 2.4 s, with 96 tokens).
         threading.Thread(
-            target=_completion, args=(wd.gateway, "agent-a", results, 96), kwargs={"temperature": 1.0}
+            target=_completion,
+            args=(wd.gateway, "agent-a", results, 256),
+            kwargs={"temperature": 1.0, "ignore_eos": True},
         )
         for _ in range(10)
     ]
