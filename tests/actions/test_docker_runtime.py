@@ -366,8 +366,12 @@ async def test_errors_are_action_errors_and_touch_nothing(
 
 
 # The first run writes vLLM's engine-death lines and exits 0 (vLLM #48966); the next exits 0 cleanly.
+# It prints a second after it starts, as a vLLM's death line comes long after its start: Docker records a run's
+# StartedAt only once the process runs, so a line printed at once can carry an earlier time than the StartedAt
+# that `logs(since=)` reads from (CI saw the death line left out).
 DIES_THEN_STOPS = """
-import os, sys
+import os, sys, time
+time.sleep(1)
 first = not os.path.exists("/w/ran")
 open("/w/ran", "w").close()
 print("EngineCore encountered a fatal error." if first else "Shutting down FastAPI HTTP server.", flush=True)
