@@ -8,9 +8,8 @@ groups go out by the seconds they took in a measured run (`tests/durations.json`
 classic longest-processing-time rule), and a worker gets its next group only when it is down to the one
 test it holds back until it knows what follows (pytest runs a test with the next one in hand, to know
 which fixtures to tear down). The long groups start real vLLMs, each start about 45 CPU-seconds: at most
-two run at once (and the other workers stay for the short groups), so that their starts do not all fall
-in the same minutes on two cores; six at once took 283 s each to answer, and three starved the short
-groups' daemons for seconds.
+three run at once (and one worker stays for the short groups), so that their starts do not all fall in
+the same minutes on two cores; six at once took 283 s each to answer.
 
 The measured seconds only order the groups: a stale or missing entry makes a run slower, never wrong.
 `scripts/test-durations.py` writes the file again from a run's `--durations=0` output.
@@ -49,8 +48,7 @@ def expected_seconds(group: str, tests: int, starts_servers: bool) -> float:
 
 
 LONG = 120.0  # seconds: a group this long starts real servers (every one in durations.json does)
-LONG_AT_ONCE = 2  # three at once (2026-11-28: with the integrity end-to-end's vLLM and traffic) starved the
-# short groups' daemons for up to 24 s on 2 cores, a different timing test failing in each of four runs
+LONG_AT_ONCE = 3
 
 
 def _long(group: str) -> bool:
