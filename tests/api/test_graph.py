@@ -7,14 +7,11 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.configs import FAST, write_config
 from tests.support.faultserver import FaultServer
-from tests.support.vllm_server import free_port
-from tests.support.watchdogproc import poll, start_watchdog
+from tests.support.watchdogproc import alerting_watchdog
 from vllm_watchdog.api.graph import MAX_ROWS, render
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 60.0  # a bound on each wait, not a timing
 RULES = """groups:
   - name: t
     rules:
@@ -26,18 +23,7 @@ RULES = """groups:
 def test_an_alerts_generator_url_opens_a_page_with_its_expression_and_value(
     tmp_path: Path, fault: FaultServer, cleanup: list[Callable[[], None]]
 ) -> None:
-    fault.vllm_like((ROOT / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt").read_text())
-    (tmp_path / "rules.yml").write_text(RULES)
-    port = free_port()
-    target = {"name": "vllm-0", "url": fault.url}
-    cfg = write_config(
-        tmp_path, target, port=port, global_settings=FAST, rest=f"rule_files: [{tmp_path / 'rules.yml'}]\n"
-    )
-    log = tmp_path / "watchdog.log"
-    proc = start_watchdog(cfg, log)
-    cleanup.append(lambda: (proc.kill(), proc.wait(10)))
-    base = f"http://127.0.0.1:{port}"
-    poll(base + "/api/v1/alerts", lambda j: j["data"]["alerts"], LIMIT, "the alert", log)
+    base, proc, log, _ = alerting_watchdog(tmp_path, fault, cleanup, RULES)
     # The link the ruler gives the alert (tests/ruler/test_links.py checks its form): the external URL, here
     # the listen address's default.
     url = f"{base}/graph?g0.expr=vllm_watchdog_health_up+%3E+0&g0.tab=1"

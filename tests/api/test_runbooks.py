@@ -10,10 +10,8 @@ from urllib.parse import urldefrag
 import httpx
 import yaml
 
-from tests.support.configs import FAST, write_config
 from tests.support.faultserver import FaultServer
-from tests.support.vllm_server import free_port
-from tests.support.watchdogproc import poll, start_watchdog
+from tests.support.watchdogproc import alerting_watchdog
 from vllm_watchdog.actions.pipeline import selfalerts
 from vllm_watchdog.api.markdown import render, slug
 from vllm_watchdog.api.runbooks import rendering
@@ -58,18 +56,9 @@ def test_the_committed_rendering_is_what_the_renderer_writes() -> None:
 def test_every_alerts_runbook_url_opens_its_section_on_the_daemons_page(
     tmp_path: Path, fault: FaultServer, cleanup: list[Callable[[], None]]
 ) -> None:
-    fault.vllm_like((ROOT / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt").read_text())
-    (tmp_path / "rules.yml").write_text(RULES)
-    port = free_port()
-    rules = f"rule_files: [{tmp_path / 'rules.yml'}, 'bundled:vllm.rules.yml', 'bundled:gateway.rules.yml']\n"
-    cfg = write_config(
-        tmp_path, {"name": "vllm-0", "url": fault.url}, port=port, global_settings=FAST, rest=rules
+    base, proc, log, alerts = alerting_watchdog(
+        tmp_path, fault, cleanup, RULES, "vllm.rules.yml", "gateway.rules.yml"
     )
-    log = tmp_path / "watchdog.log"
-    proc = start_watchdog(cfg, log)
-    cleanup.append(lambda: (proc.kill(), proc.wait(10)))
-    base = f"http://127.0.0.1:{port}"
-    alerts = poll(base + "/api/v1/alerts", lambda j: j["data"]["alerts"], LIMIT, "the alert", log)
     probed = next(a for a in alerts["data"]["alerts"] if a["labels"]["alertname"] == "Probed")
     link = probed["annotations"]["runbook_url"]
     assert link == f"{base}/docs/runbooks.md#vllmdown"  # the default base: the watchdog itself

@@ -96,3 +96,27 @@ def cleanup() -> Iterator[list[Callable[[], None]]]:
     for fn in reversed(todo):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             fn()
+
+
+def alerting_watchdog(
+    tmp_path: Path, fault: Any, cleanup: list[Callable[[], None]], rules: str, *bundled: str
+) -> tuple[str, subprocess.Popen[bytes], Path, Any]:
+    """A watchdog process on `fault` serving vLLM's /metrics capture, with the rule file `rules` (and these
+    bundled rule files), once it has an alert: its API's base URL, the process, its log and
+    GET /api/v1/alerts."""
+    from tests.support.configs import FAST, write_config
+    from tests.support.vllm_server import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    fault.vllm_like((root / "tests" / "fixtures" / "vllm-0.32.0-metrics.txt").read_text())
+    (tmp_path / "rules.yml").write_text(rules)
+    port = free_port()
+    files = ", ".join([str(tmp_path / "rules.yml"), *(f"'bundled:{name}'" for name in bundled)])
+    target = {"name": "vllm-0", "url": fault.url}
+    cfg = write_config(tmp_path, target, port=port, global_settings=FAST, rest=f"rule_files: [{files}]\n")
+    log = tmp_path / "watchdog.log"
+    proc = start_watchdog(cfg, log)
+    cleanup.append(lambda: (proc.kill(), proc.wait(10)))
+    base = f"http://127.0.0.1:{port}"
+    alerts = poll(base + "/api/v1/alerts", lambda j: j["data"]["alerts"], 60.0, "an alert", log)
+    return base, proc, log, alerts
