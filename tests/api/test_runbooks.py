@@ -18,7 +18,6 @@ from vllm_watchdog.api.runbooks import rendering
 from vllm_watchdog.fleet import alerts as fleetalerts
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 60.0  # a bound on each wait, not a timing
 RULES = """groups:
   - name: t
     rules:
