@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.actions.test_flows import AlwaysReady, Recording, begin
+from tests.actions.test_flows import context as flow_context
 from tests.support.clock import Clock
 from vllm_watchdog.actions.config import ActionConfig
 from vllm_watchdog.actions.pipeline.flows import STALLED_STOP_TIMEOUT, FlowContext, drain
@@ -25,9 +26,7 @@ from vllm_watchdog.actions.pipeline.progress import (
     engine_steps,
     stalled_for,
 )
-from vllm_watchdog.actions.runtimes.readiness import ReadyCheck
 from vllm_watchdog.actions.runtimes.runtime import Launch
-from vllm_watchdog.actions.runtimes.targetruntimes import UnavailableRuntime
 from vllm_watchdog.actions.store.actionstore import ActionStore
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.gateway.protocol.progress import UpstreamProgress
@@ -51,26 +50,17 @@ def context(
     progress: Callable[[], Progress],
     gateway: Callable[[], int | None] = lambda: None,
 ) -> FlowContext:
-    """A flow context whose vLLM gauge, gateway count and progress are the given callables of the clock."""
-    target = parse_config(CONFIG, "c.yml").targets[0]
+    """A flow context whose vLLM gauge, gateway count and progress are the given callables of the clock (the
+    flow tests' context, on a test clock, with these three read live)."""
 
     async def gateway_in_flight() -> int | None:
         return gateway()
 
-    async def sleep(seconds: float) -> None:
-        clock.advance(seconds)
-
-    return FlowContext(
-        store=store,
-        target=target,
-        runtime=UnavailableRuntime("none", target.name, "test"),
-        ready=ReadyCheck(httpx.AsyncClient()),
+    return replace(
+        flow_context(store, clock, None, [None]),
         running_requests=running,
         gateway_in_flight=gateway_in_flight,
         progress=progress,
-        clock=clock,
-        monotonic=clock,
-        sleep=sleep,
     )
 
 
