@@ -14,4 +14,27 @@ bash scripts/setup.sh
 # workers; tests that share the session's vLLM keep to one worker (tests/support/runshare.py), the longest
 # groups go first and at most three start real vLLMs at once (tests/support/longest_first.py).
 # VLLM_WATCHDOG_TEST_WORKERS=0 runs it in one process.
-exec .venv/bin/python -m pytest -n "${VLLM_WATCHDOG_TEST_WORKERS:-5}" --dist loadgroup "$@"
+rm -f .pytest_cache/v/cache/lastfailed  # so that what the rerun below reads is this run's failures only
+set +e
+.venv/bin/python -m pytest -n "${VLLM_WATCHDOG_TEST_WORKERS:-5}" --dist loadgroup "$@"
+rc=$?
+set -e
+# On 2 cores five workers, three real vLLMs and their daemons sometimes stall each other for seconds, and then
+# a test that waits on a schedule can miss it. The tests that failed (at most 10) run once more, alone in one
+# process: if they pass there they are reported as flaky under load and the run passes; a test that fails
+# again fails the run. VLLM_WATCHDOG_TEST_RERUN=0 turns this off.
+if [ "$rc" -eq 1 ] && [ "${VLLM_WATCHDOG_TEST_RERUN:-1}" != 0 ]; then
+  if mapfile -t failed < <(.venv/bin/python scripts/failed-tests.py) && [ "${#failed[@]}" -gt 0 ]; then
+    echo "== ${#failed[@]} tests failed under the parallel run's load; running them again alone ==" >&2
+    printf '   %s\n' "${failed[@]}" >&2
+    set +e
+    .venv/bin/python -m pytest -n 0 -p no:cacheprovider "${failed[@]}"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 0 ]; then
+      echo "== FLAKY UNDER LOAD: these ${#failed[@]} tests failed in the parallel run and passed alone: ==" >&2
+      printf '   %s\n' "${failed[@]}" >&2
+    fi
+  fi
+fi
+exit "$rc"
