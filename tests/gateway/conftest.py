@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from tests.support.gateway_upstream import Upstream
+from tests.support.replayrig import Rig
 from tests.support.vllm_server import free_port
+from vllm_watchdog.config.gatewayreplay import ReplayConfig
 from vllm_watchdog.gateway.config import GatewayConfig
 from vllm_watchdog.gateway.dataplane.server import GatewayServer
 
@@ -36,3 +38,19 @@ def gateway(upstream: Upstream) -> Iterator[Callable[..., GatewayServer]]:
     yield make
     for server in servers:
         server.stop(grace=1.0)
+
+
+@pytest.fixture
+def rig(upstream: Upstream, gateway: Callable[..., GatewayServer]) -> Iterator[Callable[..., Rig]]:
+    """Make a Rig with config overrides (replay: ReplayConfig keywords under `replay`)."""
+    rigs: list[Rig] = []
+
+    def make(**overrides: Any) -> Rig:
+        replay = ReplayConfig(**overrides.pop("replay", {}))
+        made = Rig(gateway(replay=replay, **overrides), upstream)
+        rigs.append(made)
+        return made
+
+    yield make
+    for made in rigs:
+        made.pool.shutdown(wait=False, cancel_futures=True)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.gateway_upstream import Upstream, fixed, hang, sse, stream_then
 from tests.support.vllm_server import free_port
+from vllm_watchdog.config.gatewayreplay import ReplayConfig
 from vllm_watchdog.gateway.config import GatewayConfig
 from vllm_watchdog.gateway.dataplane.server import GatewayServer
 from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot
@@ -263,14 +264,19 @@ def test_client_disconnect_while_queued_frees_the_queue(
 
 # -- upstream failures ----------------------------------------------------------------------------
 def test_connect_refused_gives_502(gateway: Callable[..., GatewayServer]) -> None:
-    gw = gateway(upstream=f"http://127.0.0.1:{free_port()}")
-    r = httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=10)
-    assert r.status_code == 502
-    assert r.json()["error"]["type"] == "bad_gateway"
-    assert r.json()["error"]["code"] == "upstream_connect"
+    """A refused connection says the server is gone: the first request waits replay.dead_window for a restart
+    to drain the gateway, then gets the error; with no restart seen, the next one gets it at once."""
+    gw = gateway(upstream=f"http://127.0.0.1:{free_port()}", replay=ReplayConfig(dead_window=0.3))
+    for _ in range(2):
+        r = httpx.post(gw.url + "/v1/completions", json=COMPLETION, timeout=10)
+        assert r.status_code == 502
+        assert r.json()["error"]["type"] == "bad_gateway"
+        assert r.json()["error"]["code"] == "upstream_connect"
     assert httpx.get(gw.url + "/health", timeout=10).status_code == 502
     snap = snapshot(gw)
-    assert snap.proxy.upstream_errors_total == {"connect": 2}
+    assert snap.proxy.upstream_errors_total == {"connect": 3}
+    assert snap.proxy.replays_total == {"not_drained": 2}
+    assert gw.call_sync(lambda: gw.proxy.replays.unrestarted, timeout=10)
     assert snap.gate.in_flight == 0
 
 

@@ -4,151 +4,34 @@ the daemon's control channel uses."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.gateway_upstream import SSE_HEAD, Handler, Seen, Upstream, chunk, echo, response_head, sse
+from tests.support.gateway_upstream import SSE_HEAD, Upstream, chunk, echo, sse
+from tests.support.replayrig import (
+    BOOM,
+    BOOM_500,
+    COMPLETION,
+    DEAD,
+    DEAD_500,
+    DEAD_EVENT,
+    EVENTS,
+    PATH,
+    REPLAYED,
+    STREAM,
+    Engine,
+    Rig,
+    eventually,
+    revive,
+)
 from vllm_watchdog.config.gatewayreplay import ReplayConfig
 from vllm_watchdog.config.model import parse_config
 from vllm_watchdog.errors import ConfigError
-from vllm_watchdog.gateway.dataplane.commands import GatewayCommands
-from vllm_watchdog.gateway.dataplane.server import GatewayServer
-from vllm_watchdog.gateway.protocol.snapshot import ProxySnapshot
-
-PATH = "/v1/completions"
-COMPLETION = {"model": "m", "prompt": "hello", "max_tokens": 4}
-STREAM = {**COMPLETION, "stream": True}
-REPLAYED = "x-vllm-watchdog-replayed"
-EVENTS = [
-    b'data: {"choices":[{"text":"a"}]}\n\n',
-    b'data: {"choices":[{"text":"b"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-
-class Engine:
-    """The upstream's completions route: each request freezes (after `head`, if given) until stop(), which
-    drops its connection (after `last`: vLLM's own error for a request whose engine died), as a stopped vLLM
-    does."""
-
-    def __init__(self, head: bytes = b"", last: bytes = b"") -> None:
-        self.head = head
-        self.last = last
-        self.stopped = threading.Event()
-        self.frozen = 0  # requests frozen so far
-
-    async def __call__(self, seen: Seen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Freeze, then drop the connection."""
-        if self.head:
-            writer.write(self.head)
-            await writer.drain()
-        self.frozen += 1
-        await asyncio.to_thread(self.stopped.wait, 30)
-        if self.last:
-            writer.write(self.last)
-            await writer.drain()
-        writer.transport.abort()
-
-    def stop(self) -> None:
-        """Stop the engine: every frozen request's connection drops."""
-        self.stopped.set()
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait (bounded) until check() holds."""
-    for _ in range(1000):
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
-class Rig:
-    """A gateway in front of `upstream`, a way to drain it, and clients sent in the background."""
-
-    def __init__(self, gw: GatewayServer, upstream: Upstream) -> None:
-        self.gw = gw
-        self.upstream = upstream
-        self.commands = GatewayCommands(gw)
-        self.pool = ThreadPoolExecutor(8)
-
-    def drain(self, drained: bool) -> None:
-        """What the daemon's restart flow sends (set_drain) through the control channel."""
-        self.gw.call_sync(lambda: self.commands.run("set_drain", {"drained": drained}), timeout=10)
-
-    def proxy(self) -> ProxySnapshot:
-        """The forwarding counters, read on the gateway's loop."""
-        return self.gw.call_sync(self.gw.snapshot, timeout=10).proxy
-
-    def outcomes(self) -> dict[str, int]:
-        """replays_total by outcome (only those seen)."""
-        return dict(self.proxy().replays_total)
-
-    def post(self, body: dict[str, Any] | bytes = COMPLETION) -> Future[httpx.Response]:
-        """A plain request in the background; its response read whole."""
-        content = body if isinstance(body, bytes) else json.dumps(body).encode()
-
-        def run() -> httpx.Response:
-            with httpx.Client(timeout=60) as client:
-                return client.post(
-                    self.gw.url + PATH, content=content, headers={"content-type": "application/json"}
-                )
-
-        return self.pool.submit(run)
-
-    def stream(
-        self, body: dict[str, Any] = STREAM, path: str = PATH
-    ) -> Future[tuple[int, dict[str, str], bytes | str]]:
-        """A streamed request in the background: status, headers and its body, or the error that cut it off."""
-
-        def run() -> tuple[int, dict[str, str], bytes | str]:
-            with (
-                httpx.Client(timeout=60) as client,
-                client.stream("POST", self.gw.url + path, json=body) as r,
-            ):
-                got = b""
-                try:
-                    for part in r.iter_raw():
-                        got += part
-                except httpx.HTTPError as exc:
-                    return r.status_code, dict(r.headers), f"cut off after {got!r}: {type(exc).__name__}"
-                return r.status_code, dict(r.headers), got
-
-        return self.pool.submit(run)
-
-    def completions(self) -> list[Seen]:
-        """The completions requests the upstream received."""
-        return [s for s in self.upstream.seen if s.target == PATH]
-
-
-@pytest.fixture
-def rig(upstream: Upstream, gateway: Callable[..., GatewayServer]) -> Iterator[Callable[..., Rig]]:
-    """Make a Rig with config overrides (replay: ReplayConfig keywords under `replay`)."""
-    rigs: list[Rig] = []
-
-    def make(**overrides: Any) -> Rig:
-        replay = ReplayConfig(**overrides.pop("replay", {}))
-        made = Rig(gateway(replay=replay, **overrides), upstream)
-        rigs.append(made)
-        return made
-
-    yield make
-    for made in rigs:
-        made.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def revive(upstream: Upstream, handler: Handler = echo) -> None:
-    """The new engine serves the completions route."""
-    upstream.routes[PATH] = handler
 
 
 def test_a_plain_request_in_flight_when_the_engine_is_stopped_during_a_drain_is_replayed(
@@ -197,15 +80,6 @@ def test_a_stream_stopped_before_its_first_chunk_is_replayed_as_a_whole_stream(
     assert r.outcomes() == {"replayed": 1}
 
 
-DEAD = (
-    b'{"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}}'
-)
-DEAD_500 = (
-    response_head(500, [("Content-Type", "application/json"), ("Content-Length", str(len(DEAD)))]) + DEAD
-)
-DEAD_EVENT = chunk(b"data: " + DEAD + b"\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
-
-
 @pytest.mark.parametrize(
     ("head", "last", "streamed"),
     [(b"", DEAD_500, False), (SSE_HEAD, DEAD_EVENT, True)],
@@ -233,19 +107,66 @@ def test_the_engines_own_error_while_drained_is_replayed(
     assert r.proxy().responses_total == {"200": 1}
 
 
-def test_the_engines_own_error_without_a_drain_is_forwarded_as_today(
+def test_an_error_of_an_engine_that_lives_is_forwarded_as_today(
     rig: Callable[..., Rig], upstream: Upstream
 ) -> None:
     r = rig(replay={"drain_window": 60.0})
+    engine = Engine(last=BOOM_500)
+    upstream.routes[PATH] = engine
+    pending = r.post()
+    eventually(lambda: engine.frozen == 1, "the request reached the engine")
+    engine.stop()
+    response = pending.result(30)
+    assert (response.status_code, response.content) == (500, BOOM)
+    assert REPLAYED not in response.headers
+    assert r.outcomes() == {}
+
+
+@pytest.mark.parametrize(
+    ("head", "last", "streamed"),
+    [(b"", DEAD_500, False), (SSE_HEAD, DEAD_EVENT, True)],
+    ids=["500", "sse-error-event"],
+)
+def test_an_engine_that_died_before_the_restart_began_is_replayed_once_it_drains(
+    rig: Callable[..., Rig], upstream: Upstream, head: bytes, last: bytes, streamed: bool
+) -> None:
+    """vLLM answers EngineDeadError before its process exits and the watchdog's respawn drains: the request
+    waits up to dead_window (30 s), not drain_window, for that drain."""
+    r = rig(replay={"drain_window": 0.1})
+    engine = Engine(head=head, last=last)
+    upstream.routes[PATH] = engine
+    pending = r.stream() if streamed else r.post()
+    eventually(lambda: engine.frozen == 1, "the request reached the engine")
+    engine.stop()
+    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 1, "the failure waits")
+    time.sleep(0.3)  # past drain_window: it still waits
+    assert not pending.done()
+    r.drain(True)  # the respawn begins
+    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 0, "it saw the drain")
+    revive(upstream, sse(EVENTS) if streamed else echo)
+    r.drain(False)
+    result = pending.result(30)
+    status, headers = (
+        (result[0], result[1]) if isinstance(result, tuple) else (result.status_code, result.headers)
+    )
+    assert (status, headers[REPLAYED]) == (200, "1")
+    assert r.outcomes() == {"replayed": 1}
+    assert r.proxy().responses_total == {"200": 1}
+
+
+def test_a_dead_engines_answer_with_no_drain_in_its_window_is_an_error(
+    rig: Callable[..., Rig], upstream: Upstream
+) -> None:
+    r = rig(replay={"dead_window": 0.1})
     engine = Engine(last=DEAD_500)
     upstream.routes[PATH] = engine
     pending = r.post()
     eventually(lambda: engine.frozen == 1, "the request reached the engine")
     engine.stop()
     response = pending.result(30)
-    assert (response.status_code, response.content) == (500, DEAD)
-    assert REPLAYED not in response.headers
-    assert r.outcomes() == {}
+    assert response.status_code == 502 and REPLAYED not in response.headers
+    assert r.outcomes() == {"not_drained": 1}
+    assert len(r.completions()) == 1
 
 
 def completion_event(text: str, finish: str | None = None) -> bytes:
@@ -324,6 +245,32 @@ def test_a_stream_that_had_sent_text_goes_on_on_the_new_engine(
     assert r.outcomes() == {"resumed": 1}
 
 
+def test_a_stream_whose_engine_died_between_events_goes_on_once_the_respawn_drains(
+    rig: Callable[..., Rig], upstream: Upstream
+) -> None:
+    """The engine dies mid-stream and vLLM sends its EngineDeadError event: that event is not the client's,
+    the stream goes on on the new engine."""
+    r = rig(replay={"drain_window": 0.1})
+    before = [completion_event(" upon")]
+    dead = chunk(b"data: " + DEAD + b"\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    engine = Engine(head=SSE_HEAD + b"".join(chunk(e) for e in before), last=dead)
+    upstream.routes[PATH] = engine
+    body = {**STREAM, "prompt": "Once", "max_tokens": 3}
+    pending = r.stream(body)
+    eventually(lambda: engine.frozen == 1, "the stream reached the engine")
+    engine.stop()
+    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 1, "the stream waits")
+    r.drain(True)
+    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 0, "it saw the drain")
+    after = [completion_event(" a"), completion_event(" time", "length"), b"data: [DONE]\n\n"]
+    upstream.routes[PATH] = sse(after)
+    r.drain(False)
+    status, _, got = pending.result(30)
+    assert status == 200 and got == b"".join(before + after)  # no error event, nothing twice
+    assert [json.loads(s.body)["prompt"] for s in r.completions()] == ["Once", "Once upon"]
+    assert r.outcomes() == {"resumed": 1}
+
+
 @pytest.mark.parametrize(
     "body",
     [{**STREAM, "logprobs": 1}, {**STREAM, "n": 2}, {**STREAM, "prompt": [1, 2, 3]}],
@@ -364,7 +311,7 @@ def test_a_stream_cut_inside_an_event_is_cut_off_as_today(
 
 
 def test_without_a_drain_the_client_gets_todays_error(rig: Callable[..., Rig], upstream: Upstream) -> None:
-    r = rig(replay={"drain_window": 0.1})
+    r = rig(replay={"drain_window": 0.1, "dead_window": 0.1})
     engine = Engine()
     upstream.routes[PATH] = engine
     pending = r.post()
@@ -391,7 +338,7 @@ def test_a_drain_that_begins_within_the_window_after_the_failure_makes_it_replay
     engine.stop()  # the engine died before the watchdog began its restart
     eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 1, "the failure waits")
     r.drain(True)
-    eventually(lambda: r.proxy().replays_held == 1, "the request is held")
+    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 0, "it saw the drain")
     revive(upstream)
     r.drain(False)
     response = pending.result(30)
@@ -520,11 +467,14 @@ GATEWAY = 'targets:\n  - {name: vllm-0, url: "http://127.0.0.1:8000"}\ngateway:\
 
 
 def test_the_replay_section_parses_into_its_config() -> None:
-    text = GATEWAY + "  replay: {enabled: false, max_held: 8, max_bytes: 2MiB, drain_window: 0}\n"
+    text = (
+        GATEWAY
+        + "  replay: {enabled: false, max_held: 8, max_bytes: 2MiB, drain_window: 0, dead_window: 5s}\n"
+    )
     cfg = parse_config(text, "c.yml", env={})
     assert cfg.gateway is not None
     assert cfg.gateway.replay == ReplayConfig(
-        enabled=False, max_held=8, max_bytes=2 * 1024 * 1024, drain_window=0
+        enabled=False, max_held=8, max_bytes=2 * 1024 * 1024, drain_window=0, dead_window=5.0
     )
     default = parse_config(GATEWAY, "c.yml", env={}).gateway
     assert default is not None and default.replay == ReplayConfig()
@@ -536,6 +486,7 @@ def test_the_replay_section_parses_into_its_config() -> None:
         ("{max_held: 0}", "gateway.replay.max_held"),
         ("{max_bytes: lots}", "gateway.replay.max_bytes"),
         ("{drain_window: soon}", "gateway.replay.drain_window"),
+        ("{dead_window: -1s}", "gateway.replay.dead_window"),
         ("{enabled: sometimes}", "gateway.replay.enabled"),
         ("{max_wait: 1s}", "gateway.replay.max_wait"),
     ],

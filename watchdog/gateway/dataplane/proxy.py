@@ -271,6 +271,8 @@ class Proxy:
             if isinstance(send, HeldStart) and send.replayable():
                 if started and not send.sent:  # counted at its head, which never reached the client
                     self._responses[status] -= 1
+                    if not self._responses[status]:
+                        del self._responses[status]
                 raise Lost(exc) from exc
             return await self._upstream_failed(exc, started, send)
         finally:

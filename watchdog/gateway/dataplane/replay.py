@@ -3,13 +3,16 @@ engine, is held and sent once more to the new engine instead of answered 502.
 
 Which requests: admitted ones (inference POSTs) on their first try, whose response has sent the client
 nothing (the response head is held back until the first body byte, see HeldStart), whose upstream failed
-while the gateway was drained, or when a drain began within `replay.drain_window` of the failure. A failure
-with no drain is not the watchdog's doing: the client gets today's error. The held request waits in the
-admission queue as a drain hold (at the head of its class, up to `drain_max_wait`) and is sent again when the
-drain lifts, with `X-Vllm-Watchdog-Replayed: 1` on its response. At most once: a replay that fails too gets
-today's error. Bounded: `replay.max_held` requests and `replay.max_bytes` of their bodies at once (the bodies
-the proxy already keeps for the request); beyond either, today's error. A client that leaves while held (its
-own deadline) ends the hold: nothing is sent again for it. Only in `drain_mode: hold`.
+while the gateway was drained, or when a drain began soon after the failure: within `replay.dead_window`
+(30 s) for a failure that says the engine is gone (vLLM's EngineDeadError answer, a refused, reset or closed
+connection, a response cut off: the watchdog's respawn or restart drains within seconds of that), within
+`replay.drain_window` (1 s) for any other (a timeout). A failure with no drain is not the watchdog's doing:
+the client gets today's error. The held request waits in the admission queue as a drain hold (at the head of
+its class, up to `drain_max_wait`) and is sent again when the drain lifts, with `X-Vllm-Watchdog-Replayed: 1`
+on its response. At most once: a replay that fails too gets today's error. Bounded: `replay.max_held`
+requests and `replay.max_bytes` of their bodies at once (the bodies the proxy already keeps for the request),
+counted from the failure; beyond either, today's error. A client that leaves while held (its own deadline)
+ends the hold: nothing is sent again for it. Only in `drain_mode: hold`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .resume import Continuation, StreamText, continued
 
 REPLAYED_HEADER = (b"x-vllm-watchdog-replayed", b"1")  # outcomes: protocol.snapshot.REPLAY_OUTCOMES
 SSE_ERROR = b'data: {"error"'  # vLLM's error event (create_streaming_error_response), e.g. EngineDeadError
+ENGINE_DEAD = b"EngineCore encountered an issue"  # vLLM 0.32's EngineDeadError message, in a 500 or an event
 DRAIN_POLL = 0.05  # seconds between looks at the drain flag within drain_window
 # One try at forwarding: (body, send, ticket, trace) -> the status the client got, or Lost.
 Attempt = Callable[[bytes, Send, Ticket | None, RequestTrace | None], Awaitable[int]]
@@ -37,6 +41,15 @@ Fail = Callable[[aiohttp.ClientError, bool, Send], Awaitable[int]]  # today's er
 class EngineStopped(aiohttp.ClientError):
     """While drained, the engine answered an error of its own (5xx, or an SSE error event first): vLLM's
     answer to the requests it held when it was stopped or found its engine dead."""
+
+
+class EngineDead(aiohttp.ClientError):
+    """Not drained, the engine answered that it died (EngineDeadError: a 500, or an error event)."""
+
+
+def engine_gone(cause: aiohttp.ClientError) -> bool:
+    """Whether a failure says the server or its engine is gone, not merely slow: anything but a timeout."""
+    return not isinstance(cause, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError | EngineStopped)
 
 
 class Lost(aiohttp.ClientError):
@@ -72,7 +85,8 @@ class HeldStart:
 
     async def __call__(self, message: Message) -> None:
         """Hold a response head; send it with the first body byte. Lost for the engine's own error while
-        drained (a 5xx, or an SSE stream whose first event is an error)."""
+        drained (a 5xx, or an SSE stream whose first event is an error), or for its EngineDeadError answer
+        whenever it comes before the client got a byte or between a resumable stream's events."""
         if not self.sent:
             if message["type"] == "http.response.start":
                 if message["status"] >= 500 and self._drained():
@@ -87,14 +101,33 @@ class HeldStart:
             body = message.get("body", b"")
             if not body and message.get("more_body", False):
                 return  # an empty chunk says nothing
-            if body.startswith(SSE_ERROR) and self._drained():
-                raise Lost(EngineStopped("the model server's stream began with an error while drained"))
+            self._check_first(body)
             self.sent = True
             if self._start is not None:
                 await self._send(self._start)
+        elif self.stream is not None and self.stream.resumable():
+            self._check_between(message.get("body", b""))
         if self.stream is not None and message["type"] == "http.response.body":
             self.stream.feed(message.get("body", b""))
         await self._send(message)
+
+    def _check_first(self, body: bytes) -> None:
+        """Lost if the response's first bytes are the engine's error: while drained, any error event; at any
+        time, vLLM's EngineDeadError (in a 5xx body or an event)."""
+        if body.startswith(SSE_ERROR) and self._drained():
+            raise Lost(EngineStopped("the model server's stream began with an error while drained"))
+        failed = self._start is not None and self._start["status"] >= 500
+        if (failed or body.startswith(SSE_ERROR)) and ENGINE_DEAD in body[:4096]:
+            raise Lost(EngineDead("the model server answered that its engine died"))
+
+    def _check_between(self, body: bytes) -> None:
+        """Lost if an event between a resumable stream's events is the engine's error (drained: any)."""
+        if not body.startswith(SSE_ERROR):
+            return
+        if ENGINE_DEAD in body[:4096]:
+            raise Lost(EngineDead("the model server's stream said its engine died"))
+        if self._drained():
+            raise Lost(EngineStopped("the model server's stream ended in an error while drained"))
 
 
 class Replays:
@@ -109,7 +142,10 @@ class Replays:
         self._monotonic = monotonic
         self.held = 0  # requests held now
         self.held_bytes = 0  # their bodies
-        self.awaiting_drain = 0  # failed while not drained, waiting up to drain_window for a drain
+        self.awaiting_drain = 0  # failed while not drained, waiting up to a window for a drain
+        # A gone engine's failure waited its whole dead_window and no drain came: nothing restarts this engine
+        # (or not yet), so the next ones wait drain_window only, until a response or a drain says otherwise.
+        self.unrestarted = False
         self.outcomes: dict[str, int] = {}
 
     def apply(self, config: ReplayConfig, drain_mode: str) -> None:
@@ -134,12 +170,15 @@ class Replays:
             return await attempt(body, send, ticket, trace)
         first = HeldStart(send, self._is_drained, resumable=path in OPENAI_PATHS)
         try:
-            return await attempt(body, first, ticket, trace)
+            status = await attempt(body, first, ticket, trace)
         except Lost as lost:
             cause = lost.cause
+        else:
+            self.unrestarted = self.unrestarted and status >= 500
+            return status
         if first.sent and first.stream is not None:
             return await self._resume(attempt, send, ticket, trace, body, path, first.stream, cause, fail)
-        again = await self.hold(ticket, len(body))
+        again = await self.hold(ticket, len(body), cause)
         if again is None:
             return await fail(cause, False, send)
         replay = HeldStart(send, self._is_drained, replayed=True)
@@ -169,7 +208,7 @@ class Replays:
         if rest is None:
             self.count("not_resumable")
             return await fail(cause, True, send)
-        again = await self.hold(ticket, len(body) + len(rest), "resumed")
+        again = await self.hold(ticket, len(body) + len(rest), cause, "resumed")
         if again is None:
             return await fail(cause, True, send)
         try:
@@ -184,17 +223,13 @@ class Replays:
         """One more of `outcome`."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
-    async def hold(self, ticket: Ticket, size: int, outcome: str = "replayed") -> Ticket | None:
+    async def hold(
+        self, ticket: Ticket, size: int, cause: aiohttp.ClientError, outcome: str = "replayed"
+    ) -> Ticket | None:
         """After a Lost: wait for the engine to serve again and return the ticket to send the request with;
-        None if it is not replayed (the caller answers today's error). `ticket` is released if it is held."""
-        try:
-            drained = await self._drained()
-        except asyncio.CancelledError:
-            self.count("client_gone")
-            raise
-        if not drained:
-            self.count("not_drained")
-            return None
+        None if it is not replayed (the caller answers today's error). `ticket` is released either way: a
+        request whose upstream failed is not in flight, and a drain waiting for in-flight requests must not
+        wait for it."""
         if self.held >= self.config.max_held:
             self.count("too_many")
             return None
@@ -203,8 +238,13 @@ class Replays:
             return None
         self.held += 1
         self.held_bytes += size
-        ticket.release()  # held, it is not in flight: a drain waiting for in-flight requests must not see it
+        ticket.release()
         try:
+            dead = engine_gone(cause) and not self.unrestarted
+            if not await self._drained(self.config.dead_window if dead else self.config.drain_window):
+                self.unrestarted = self.unrestarted or dead
+                self.count("not_drained")
+                return None
             admitted = await self._gate.readmit(ticket.session, ticket.priority)
         except asyncio.CancelledError:
             self.count("client_gone")
@@ -221,15 +261,16 @@ class Replays:
     def _is_drained(self) -> bool:
         return self._gate.draining
 
-    async def _drained(self) -> bool:
-        """Whether the gateway is drained now or a drain begins within drain_window."""
-        deadline = self._monotonic() + self.config.drain_window
+    async def _drained(self, window: float) -> bool:
+        """Whether the gateway is drained now or a drain begins within `window` seconds."""
+        deadline = self._monotonic() + window
         self.awaiting_drain += 1
         try:
             while not self._gate.draining:
                 if self._monotonic() >= deadline:
                     return False
                 await asyncio.sleep(DRAIN_POLL)
+            self.unrestarted = False
             return True
         finally:
             self.awaiting_drain -= 1
