@@ -209,6 +209,11 @@ def test_types_help_and_the_target_label_everywhere() -> None:
         "session_completion_tokens",
         "session_cached_tokens",
         "replays",
+        "spec_decode_requests",
+        "spec_decode_steps",
+        "spec_decode_draft_tokens",
+        "spec_decode_accepted_tokens",
+        "spec_decode_accepted_per_step",
     }
     histograms = {"queue_time_seconds", "time_to_first_byte_seconds"}
     gauges = {

@@ -18,6 +18,7 @@ from ..protocol.snapshot import (
     HistogramSnapshot,
     ProxySnapshot,
     SessionStats,
+    SpecDecodeCounts,
 )
 
 _PREFIX = "vllm_watchdog_gateway_"
@@ -50,6 +51,7 @@ def families(snap: GatewaySnapshot) -> list[Metric]:
         *_gate_families(t, snap.gate),
         *_proxy_families(t, snap.proxy),
         *_replay_families(t, snap.proxy),
+        *_spec_families(t, snap.proxy.spec_decode),
         _histogram(
             "queue_time_seconds",
             "Time from arrival to admission (admitted requests).",
@@ -157,6 +159,37 @@ def _replay_families(t: str, p: ProxySnapshot) -> list[Metric]:
             "replays_held", "Requests held now to be sent again to the restarted engine.", t, p.replays_held
         ),
     ]
+
+
+# vLLM's per-request speculative decoding metrics (dataplane/specrequests.py): (name, help, value).
+_SPEC_COUNTERS: tuple[tuple[str, str, Callable[[SpecDecodeCounts], int]], ...] = (
+    (
+        "requests",
+        "Responses that carried vLLM's per-request speculative decoding metrics.",
+        lambda c: c.requests,
+    ),
+    ("steps", "Engine steps that verified drafts, summed over those responses.", lambda c: c.steps),
+    ("draft_tokens", "Draft tokens proposed, summed over those responses.", lambda c: c.draft_tokens),
+    ("accepted_tokens", "Draft tokens accepted, summed over those responses.", lambda c: c.accepted_tokens),
+)
+
+
+def _spec_families(t: str, ranges: Mapping[str, SpecDecodeCounts]) -> list[Metric]:
+    """Per batch-size range (in flight at admission): the counts, and the steps by accepted draft tokens."""
+    labels = ["target", "batch_size"]
+    out: list[Metric] = []
+    for name, doc, read in _SPEC_COUNTERS:
+        c = CounterMetricFamily(f"{_PREFIX}spec_decode_{name}", doc, labels=labels)
+        for where, counts in ranges.items():
+            c.add_metric([t, where], read(counts))
+        out.append(c)
+    doc = "Draft-verifying steps that accepted `accepted` draft tokens, summed over those responses."
+    steps = CounterMetricFamily(f"{_PREFIX}spec_decode_accepted_per_step", doc, labels=[*labels, "accepted"])
+    for where, counts in ranges.items():
+        for j, n in enumerate(counts.accepted_per_step):
+            steps.add_metric([t, where, str(j)], n)
+    out.append(steps)
+    return out
 
 
 # Per-session families: (name after session_, help, the value of one session's row).

@@ -31,12 +31,19 @@ RECENT_SAMPLES = 256
 class Ticket:
     """An admitted request; release() exactly once when the response is done (idempotent)."""
 
-    __slots__ = ("_gate", "admitted_at", "priority", "queued_seconds", "released", "session")
+    __slots__ = ("_gate", "admitted_at", "batch", "priority", "queued_seconds", "released", "session")
 
     def __init__(
-        self, gate: Gate, session: str | None, priority: str, admitted_at: float, queued_seconds: float
+        self,
+        gate: Gate,
+        session: str | None,
+        priority: str,
+        admitted_at: float,
+        queued_seconds: float,
+        batch: int = 1,
     ) -> None:
         self._gate = gate
+        self.batch = batch  # requests in flight once this one was admitted (itself included)
         self.session = session
         self.priority = priority
         self.admitted_at = admitted_at  # monotonic
@@ -224,8 +231,8 @@ class Gate:
             self._finish(waiter, ticket)
 
     def _grant(self, session: str | None, priority: str, now: float, queued: float) -> Ticket:
-        ticket = Ticket(self, session, priority, now, queued)
         self._in_flight += 1
+        ticket = Ticket(self, session, priority, now, queued, self._in_flight)
         self._tickets[ticket] = None
         if session is not None:
             self._sessions.acquire(session)

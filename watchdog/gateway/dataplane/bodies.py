@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable, Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]  # the C scanner where there is one
 
+from .specrequests import SpecScan, spec_of
+
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we parse for signals
 
 _KEY = b'"usage"'
@@ -234,9 +236,21 @@ def _usage_at(data: bytes, k: int) -> tuple[dict[str, object] | None, bool]:
 
 
 class RequestTrace:
-    """One request's signals; the proxy feeds it the upstream response bytes as they pass."""
+    """One request's signals; the proxy feeds it the upstream response bytes as they pass. After finish(),
+    `spec` is the response's metrics.speculative_decoding (specrequests.py), unchecked; None without one."""
 
-    __slots__ = ("_done", "_finish", "_mode", "_parts", "_pending", "_size", "_tail", "_usage")
+    __slots__ = (
+        "_done",
+        "_finish",
+        "_mode",
+        "_parts",
+        "_pending",
+        "_size",
+        "_spec",
+        "_tail",
+        "_usage",
+        "spec",
+    )
 
     def __init__(
         self,
@@ -252,6 +266,8 @@ class RequestTrace:
         self._tail = b""
         self._pending: bytes | None = None
         self._usage: dict[str, object] | None = None
+        self._spec = SpecScan()
+        self.spec: object = None
         self._done = False
         self.set_content_type(content_type)
 
@@ -265,6 +281,7 @@ class RequestTrace:
         """Look at one chunk of the response body (cheap unless it carries usage)."""
         mode = self._mode
         if mode == _SCAN:
+            self._spec.feed(chunk)
             if self._pending is None and not self._tail and _KEY not in chunk:
                 if not chunk.endswith(b"\n"):
                     self._tail = chunk[-_TAIL:]
@@ -326,7 +343,9 @@ class RequestTrace:
                 obj = parse_json_body(body, None)
                 found = obj.get("usage") if obj is not None else None
                 usage = found if isinstance(found, dict) else None
+                self.spec = spec_of(obj) if obj is not None else None
             else:
                 usage = self._usage
+                self.spec = self._spec.found
         self._parts, self._pending, self._usage = [], None, None
         self._finish(usage)

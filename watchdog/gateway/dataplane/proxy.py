@@ -29,6 +29,7 @@ from .replay import HeldStart, Lost, Replays
 from .replies import error_body, send_error, upstream_failure
 from .sessions import api_key_of, priority_of, session_key
 from .signals import SessionSignals
+from .specrequests import SpecRequests
 from .uploads import BodyTooLarge, discard_body, read_body
 
 _OPTIONS_ALLOW = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"), (b"content-length", b"0")]
@@ -69,6 +70,7 @@ class Proxy:
         self._too_large = 0
         self._client_timeouts = 0
         self._refused: dict[str, int] = {}
+        self.spec_requests = SpecRequests()  # vLLM's per-request speculative decoding metrics, by batch size
 
     def apply(self, config: GatewayConfig) -> None:
         """Take a reloaded config; the upstream and its timeouts stay as they were (they need a restart)."""
@@ -191,6 +193,8 @@ class Proxy:
                 self.progress.forget(ticket)
             if trace is not None:
                 trace.finish(status)
+                if trace.spec is not None and ticket is not None:
+                    self.spec_requests.observe(ticket.batch, trace.spec)
 
     async def _admit(
         self, request: Incoming, path: str, body: bytes, send: Send
@@ -366,6 +370,7 @@ class Proxy:
             upstream_backoffs_total=0 if self.backoff is None else self.backoff.decreases,
             replays_total=self.replays.snapshot(),
             replays_held=self.replays.held,
+            spec_decode=self.spec_requests.snapshot(),
         )
 
     async def aclose(self) -> None:

@@ -88,6 +88,20 @@ class SessionStats:
     breaker_open: bool = False
 
 
+MAX_ACCEPTED = 16  # the most accepted draft tokens per step counted per request (acceptance_histogram's j)
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounts:
+    """vLLM's per-request speculative decoding metrics, summed over the requests of one batch-size range."""
+
+    requests: int = 0
+    steps: int = 0  # num_spec_steps
+    draft_tokens: int = 0  # num_draft_tokens
+    accepted_tokens: int = 0  # num_accepted_draft_tokens
+    accepted_per_step: tuple[int, ...] = ()  # acceptance_histogram summed, by accepted j <= MAX_ACCEPTED
+
+
 @dataclass(frozen=True)
 class ProxySnapshot:
     """Forwarding outcomes."""
@@ -103,6 +117,7 @@ class ProxySnapshot:
     upstream_backoffs_total: int = 0  # times the in-flight cap was lowered because vLLM answered 503
     replays_total: Mapping[str, int] = field(default_factory=dict)  # REPLAY_OUTCOMES
     replays_held: int = 0  # requests held for a replay now
+    spec_decode: Mapping[str, SpecDecodeCounts] = field(default_factory=dict)  # batch-size range -> counts
 
 
 @dataclass(frozen=True)
