@@ -126,6 +126,24 @@ def test_a_range_measured_without_drafts_too_is_judged_by_what_it_measured() -> 
     assert est.best[0] == 0 and est.schedule[0][::2] == (1, 0)
 
 
+def test_a_range_that_ran_without_drafts_only_takes_the_bound_its_measured_neighbours_give() -> None:
+    """Batch 1 ran only without drafts (one client's requests finish between scrapes while it drafts), batches
+    2, 4 and 16 with them: speculation pays more at smaller batches, so batch 1 gets at least 2-3's k. Batch 64
+    ran only without drafts too, above every range measured with them: nothing says a draft pays, k = 0."""
+    est, engine = SpecGoodput(), Engine()
+    for batch, k in ((1, 0), (2, 4), (4, 4), (16, 4), (64, 0)):
+        engine.run(est, batch, k, 30)
+    got = est.estimate()
+    assert got is not None
+    assert {r.label for r in got.ranges} == {"2-3", "4-7", "16-31"}
+    assert got.best[range_of(2) or 0] == 4 and got.best[range_of(16) or 0] == 1
+    assert got.best[range_of(1) or 0] == 4  # the floor 2-3 gives; was 0 ("nothing measured with drafts")
+    assert got.best[range_of(8) or 0] == got.best[range_of(4) or 0]  # not run: its lower neighbour's
+    assert got.best[range_of(64) or 0] == 0
+    est.held[range_of(1) or 0] = 2  # a k held from an earlier measurement with drafts stays
+    assert (est.estimate() or got).best[range_of(1) or 0] == 2
+
+
 def test_no_estimate_without_drafts_or_with_one_cost_point() -> None:
     off = SpecGoodput()
     engine = Engine()

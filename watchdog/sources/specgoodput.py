@@ -251,7 +251,7 @@ class SpecGoodput:
 
     def _decide(self, ranges: tuple[RangeEstimate, ...], k_max: int, plain: tuple[int, ...]) -> Estimate:
         """Hold or move each range's best k, fill the ranges not measured, and weigh the gain (a range that
-        ran without drafts only keeps its held k, 0 if none: nothing says what a draft would give there)."""
+        ran without drafts only keeps its held k, else the bound its measured neighbours give, `_bounded`)."""
         for r in ranges:
             best = max(range(k_max + 1), key=lambda k: (r.speedup[k], -k))
             held = self.held.get(r.index)
@@ -260,7 +260,8 @@ class SpecGoodput:
             if r.speedup[best] > r.speedup[held] * (1.0 + self.margin):
                 held = best
             self.held[r.index] = held
-        known = {i: self.held.get(i, 0) for i in plain} | {r.index: self.held[r.index] for r in ranges}
+        measured = {r.index: self.held[r.index] for r in ranges}
+        known = {i: self.held.get(i, _bounded(measured, i)) for i in plain} | measured
         best_all = tuple(_fill(known, i) for i in range(len(RANGES)))
         total = sum(r.seconds for r in ranges)
         now = sum(r.seconds * _at(r.speedup, r.current_k) for r in ranges) / total
@@ -321,6 +322,19 @@ def _at(speedup: Sequence[float], k: float) -> float:
     low = min(int(k), len(speedup) - 1)
     high = min(low + 1, len(speedup) - 1)
     return speedup[low] + (speedup[high] - speedup[low]) * (k - low)
+
+
+def _bounded(measured: dict[int, int], index: int) -> int:
+    """The k of a range that ran without drafts only. The best k falls as the batch grows (a larger batch
+    leaves less idle compute to verify drafts with), so the nearest larger measured range's k is a floor for
+    it and the nearest smaller one's a ceiling: the floor, the lower of the two; 0 with no larger range
+    measured (nothing bounds it from below: a draft may cost there)."""
+    above = [i for i in measured if i > index]
+    if not above:
+        return 0
+    below = [i for i in measured if i < index]
+    floor = measured[min(above)]
+    return min(floor, measured[max(below)]) if below else floor
 
 
 def _fill(known: dict[int, int], index: int) -> int:
