@@ -144,6 +144,36 @@ def test_a_range_that_ran_without_drafts_only_takes_the_bound_its_measured_neigh
     assert (est.estimate() or got).best[range_of(1) or 0] == 2
 
 
+def test_speculation_that_almost_never_drafts_is_scheduled_off_without_a_claimed_gain() -> None:
+    """Text ngram finds no match in: the server speculates (k = 4) but drafted 20 times in 200 s of batch 4
+    (80,000 request-steps, under MIN_DRAFTS): at most 0.1% per draft token to gain, and a proposer that runs
+    every step. Without any draft token the server may not speculate at all: nothing to say."""
+
+    def feed(est: SpecGoodput, drafts_per_second: float) -> None:
+        for t in range(1, 201):
+            est.observe(
+                Snapshot(
+                    float(t),
+                    4.0,
+                    steps=100.0 * t,
+                    step_tokens=400.0 * t,
+                    generated=400.0 * t,
+                    drafts=drafts_per_second * t,
+                    draft_tokens=4 * drafts_per_second * t,
+                    accepted=0.0,
+                )
+            )
+
+    idle = SpecGoodput()
+    feed(idle, 0.1)
+    got = idle.estimate()
+    assert got is not None and got.ranges == ()
+    assert got.schedule_text == f"1-{RANGES[-1][1]}:0" and got.gain == 1.0 and got.k_max == 4
+    silent = SpecGoodput()
+    feed(silent, 0.0)
+    assert silent.estimate() is None
+
+
 def test_no_estimate_without_drafts_or_with_one_cost_point() -> None:
     off = SpecGoodput()
     engine = Engine()

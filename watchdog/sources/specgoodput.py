@@ -47,6 +47,9 @@ MAX_GAP = 120.0  # two snapshots further apart than this are no interval (a miss
 MIN_STEPS = 50  # engine steps a range needs before it has a cost point
 MIN_DRAFTS = 50  # drafts the window needs before acceptance is estimated
 MARGIN = 0.05  # a new best k must beat the held one by this much
+# Speculation that drafts for under this share of request-steps gains under 1% a draft token whatever is
+# accepted (E(k) = 1 + f * ...), less than a proposer that runs every step costs: its schedule is k = 0.
+IDLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ class SpecGoodput:
         for sums in on.values():
             drafting.add(sums)
         if drafting.drafts < MIN_DRAFTS or drafting.request_steps <= 0:
-            return None
+            return _idle(drafting, off.values())
         k_max = max((i + 1 for i, v in enumerate(drafting.per_pos) if v > 0), default=0)
         k_max = max(k_max, min(MAX_K, math.ceil(drafting.draft_tokens / drafting.drafts)))
         f = min(drafting.drafts / drafting.request_steps, 1.0)
@@ -267,6 +270,18 @@ class SpecGoodput:
         now = sum(r.seconds * _at(r.speedup, r.current_k) for r in ranges) / total
         then = sum(r.seconds * r.speedup[best_all[r.index]] for r in ranges) / total
         return Estimate(ranges, k_max, best_all, then / now if now > 0 else 1.0)
+
+
+def _idle(drafting: Totals, plain: Iterable[Totals]) -> Estimate | None:
+    """Too few drafts to estimate from: None, unless speculation runs (some draft tokens were proposed) and
+    drafted for under IDLE_SHARE of a window's worth of request-steps (MIN_DRAFTS / IDLE_SHARE of them): then
+    nothing can pay for the proposer, and the schedule is k = 0 everywhere, with no gain claimed (what the
+    proposer costs is not in the counters; the relaunch's own measurement will say)."""
+    steps = drafting.request_steps + sum(s.request_steps for s in plain)
+    if drafting.draft_tokens <= 0 or drafting.drafts >= IDLE_SHARE * steps or steps < MIN_DRAFTS / IDLE_SHARE:
+        return None
+    k_max = min(MAX_K, math.ceil(drafting.draft_tokens / drafting.drafts))
+    return Estimate((), k_max, (0,) * len(RANGES), 1.0)
 
 
 def _acceptance(ranges: Iterable[Totals], accepted: Sequence[float]) -> list[float]:
