@@ -80,21 +80,33 @@ def test_a_stream_stopped_before_its_first_chunk_is_replayed_as_a_whole_stream(
     assert r.outcomes() == {"replayed": 1}
 
 
+@pytest.mark.parametrize("drained_first", [True, False], ids=["while-drained", "before-the-drain"])
 @pytest.mark.parametrize(
     ("head", "last", "streamed"),
     [(b"", DEAD_500, False), (SSE_HEAD, DEAD_EVENT, True)],
     ids=["500", "sse-error-event"],
 )
-def test_the_engines_own_error_while_drained_is_replayed(
-    rig: Callable[..., Rig], upstream: Upstream, head: bytes, last: bytes, streamed: bool
+def test_the_engines_dead_answer_is_replayed_once_the_restart_drains(
+    rig: Callable[..., Rig], upstream: Upstream, head: bytes, last: bytes, streamed: bool, drained_first: bool
 ) -> None:
-    r = rig()
+    """vLLM answers EngineDeadError to what it held as its engine goes: during the restart's drain, or
+    before its process exits and the watchdog's respawn drains; then the request waits up to dead_window
+    (30 s), not drain_window, for that drain."""
+    r = rig(replay={"drain_window": 0.1})
     engine = Engine(head=head, last=last)
     upstream.routes[PATH] = engine
     pending = r.stream() if streamed else r.post()
     eventually(lambda: engine.frozen == 1, "the request reached the engine")
-    r.drain(True)
-    engine.stop()  # vLLM answers what it held with EngineDeadError as its engine goes
+    if drained_first:
+        r.drain(True)
+    engine.stop()
+    if not drained_first:
+        waiting = lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain)  # noqa: E731
+        eventually(lambda: waiting() == 1, "the failure waits")
+        time.sleep(0.3)  # past drain_window: it still waits
+        assert not pending.done()
+        r.drain(True)  # the respawn begins
+        eventually(lambda: waiting() == 0, "it saw the drain")
     eventually(lambda: r.proxy().replays_held == 1, "the request is held")
     revive(upstream, sse(EVENTS) if streamed else echo)
     r.drain(False)
@@ -120,38 +132,6 @@ def test_an_error_of_an_engine_that_lives_is_forwarded_as_today(
     assert (response.status_code, response.content) == (500, BOOM)
     assert REPLAYED not in response.headers
     assert r.outcomes() == {}
-
-
-@pytest.mark.parametrize(
-    ("head", "last", "streamed"),
-    [(b"", DEAD_500, False), (SSE_HEAD, DEAD_EVENT, True)],
-    ids=["500", "sse-error-event"],
-)
-def test_an_engine_that_died_before_the_restart_began_is_replayed_once_it_drains(
-    rig: Callable[..., Rig], upstream: Upstream, head: bytes, last: bytes, streamed: bool
-) -> None:
-    """vLLM answers EngineDeadError before its process exits and the watchdog's respawn drains: the request
-    waits up to dead_window (30 s), not drain_window, for that drain."""
-    r = rig(replay={"drain_window": 0.1})
-    engine = Engine(head=head, last=last)
-    upstream.routes[PATH] = engine
-    pending = r.stream() if streamed else r.post()
-    eventually(lambda: engine.frozen == 1, "the request reached the engine")
-    engine.stop()
-    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 1, "the failure waits")
-    time.sleep(0.3)  # past drain_window: it still waits
-    assert not pending.done()
-    r.drain(True)  # the respawn begins
-    eventually(lambda: r.gw.call_sync(lambda: r.gw.proxy.replays.awaiting_drain) == 0, "it saw the drain")
-    revive(upstream, sse(EVENTS) if streamed else echo)
-    r.drain(False)
-    result = pending.result(30)
-    status, headers = (
-        (result[0], result[1]) if isinstance(result, tuple) else (result.status_code, result.headers)
-    )
-    assert (status, headers[REPLAYED]) == (200, "1")
-    assert r.outcomes() == {"replayed": 1}
-    assert r.proxy().responses_total == {"200": 1}
 
 
 def test_a_dead_engines_answer_with_no_drain_in_its_window_is_an_error(
