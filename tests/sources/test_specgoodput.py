@@ -24,8 +24,11 @@ def gpu_step(n: float) -> float:
 class Engine:
     """Counters of an engine that always drafts k tokens at every batch size it runs."""
 
-    def __init__(self, accept: tuple[float, ...] = ACCEPT, overhead: float = 0.0) -> None:
+    def __init__(
+        self, accept: tuple[float, ...] = ACCEPT, overhead: float = 0.0, speculating: bool = True
+    ) -> None:
         self.accept = accept
+        self.speculating = speculating  # launched with speculation: vLLM counts its draft positions
         self.overhead = overhead  # seconds a step costs more whenever speculation drafts
         self.t = 0.0
         self.c = {"steps": 0.0, "step_tokens": 0.0, "generated": 0.0, "drafts": 0.0, "draft_tokens": 0.0}
@@ -51,7 +54,8 @@ class Engine:
             est.observe(self.snap(batch))
 
     def snap(self, running: float) -> Snapshot:
-        return Snapshot(self.t, running, accepted=self.accepted, per_pos=tuple(self.per_pos), **self.c)
+        per_pos = tuple(self.per_pos) if self.speculating else ()
+        return Snapshot(self.t, running, accepted=self.accepted, per_pos=per_pos, **self.c)
 
 
 def _measured(k: int = 4) -> SpecGoodput:
@@ -147,9 +151,10 @@ def test_a_range_that_ran_without_drafts_only_takes_the_bound_its_measured_neigh
 def test_speculation_that_almost_never_drafts_is_scheduled_off_without_a_claimed_gain() -> None:
     """Text ngram finds no match in: the server speculates (k = 4) but drafted 20 times in 200 s of batch 4
     (80,000 request-steps, under MIN_DRAFTS): at most 0.1% per draft token to gain, and a proposer that runs
-    every step. Without any draft token the server may not speculate at all: nothing to say."""
+    every step. Without any draft token, and no draft position counted, the server may not speculate at all:
+    nothing to say."""
 
-    def feed(est: SpecGoodput, drafts_per_second: float) -> None:
+    def feed(est: SpecGoodput, drafts_per_second: float, positions: tuple[float, ...] = ()) -> None:
         for t in range(1, 201):
             est.observe(
                 Snapshot(
@@ -161,6 +166,7 @@ def test_speculation_that_almost_never_drafts_is_scheduled_off_without_a_claimed
                     drafts=drafts_per_second * t,
                     draft_tokens=4 * drafts_per_second * t,
                     accepted=0.0,
+                    per_pos=positions,
                 )
             )
 
@@ -172,11 +178,15 @@ def test_speculation_that_almost_never_drafts_is_scheduled_off_without_a_claimed
     silent = SpecGoodput()
     feed(silent, 0.0)
     assert silent.estimate() is None
+    matchless = SpecGoodput()  # not a single draft, but vLLM counts 3 draft positions: it speculates
+    feed(matchless, 0.0, (0.0, 0.0, 0.0))
+    got = matchless.estimate()
+    assert got is not None and got.k_max == 3 and set(got.best) == {0}
 
 
 def test_no_estimate_without_drafts_or_with_one_cost_point() -> None:
     off = SpecGoodput()
-    engine = Engine()
+    engine = Engine(speculating=False)
     for batch in (1, 64):
         engine.run(off, batch, 0, 30)
     assert off.estimate() is None  # speculation off: no acceptance to read

@@ -79,6 +79,7 @@ class Totals:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_pos: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    positions: int = 0  # draft positions vLLM counts (num_speculative_tokens; 0: it does not speculate)
 
     def add(self, other: Totals) -> None:
         """Add another interval's sums."""
@@ -90,6 +91,7 @@ class Totals:
         self.draft_tokens += other.draft_tokens
         self.accepted += other.accepted
         self.per_pos = [a + b for a, b in zip(self.per_pos, other.per_pos, strict=True)]
+        self.positions = max(self.positions, other.positions)
 
     @property
     def request_steps(self) -> float:
@@ -149,6 +151,7 @@ def interval(a: Snapshot, b: Snapshot) -> tuple[int, Totals] | None:
         b.draft_tokens - a.draft_tokens,
         b.accepted - a.accepted,
         pos,
+        len(b.per_pos),
     )
     counts = (sums.steps, sums.step_tokens, sums.generated, sums.drafts, sums.draft_tokens, sums.accepted)
     if min(*counts, *pos) < 0 or sums.steps <= 0:
@@ -273,14 +276,21 @@ class SpecGoodput:
 
 
 def _idle(drafting: Totals, plain: Iterable[Totals]) -> Estimate | None:
-    """Too few drafts to estimate from: None, unless speculation runs (some draft tokens were proposed) and
-    drafted for under IDLE_SHARE of a window's worth of request-steps (MIN_DRAFTS / IDLE_SHARE of them): then
-    nothing can pay for the proposer, and the schedule is k = 0 everywhere, with no gain claimed (what the
-    proposer costs is not in the counters; the relaunch's own measurement will say)."""
-    steps = drafting.request_steps + sum(s.request_steps for s in plain)
-    if drafting.draft_tokens <= 0 or drafting.drafts >= IDLE_SHARE * steps or steps < MIN_DRAFTS / IDLE_SHARE:
+    """Too few drafts to estimate from: None, unless speculation runs (vLLM counts draft positions, or some
+    draft tokens were proposed) and drafted for under IDLE_SHARE of a window's worth of request-steps
+    (MIN_DRAFTS / IDLE_SHARE of them): then nothing can pay for the proposer, which runs every step, and the
+    schedule is k = 0 everywhere, with no gain claimed (what the proposer costs is not in the counters)."""
+    others = list(plain)
+    steps = drafting.request_steps + sum(s.request_steps for s in others)
+    positions = max([drafting.positions, *(s.positions for s in others)])
+    if drafting.drafts >= IDLE_SHARE * steps or steps < MIN_DRAFTS / IDLE_SHARE:
         return None
-    k_max = min(MAX_K, math.ceil(drafting.draft_tokens / drafting.drafts))
+    if positions:
+        k_max = min(MAX_K, positions)
+    elif drafting.draft_tokens > 0:
+        k_max = min(MAX_K, math.ceil(drafting.draft_tokens / drafting.drafts))
+    else:
+        return None  # no draft and no position counted: this server may not speculate at all
     return Estimate((), k_max, (0,) * len(RANGES), 1.0)
 
 
