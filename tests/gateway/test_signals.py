@@ -440,7 +440,8 @@ def test_plain_chunks_keep_nothing() -> None:
     trace = s.start("a", CHAT, None, True, "text/event-stream")
     for c in (sse("some text")[:-2], b"\n\n", sse("more")):
         trace.feed(c)
-    assert trace._pending is None and trace._usage is None and len(trace._tail) <= 6
+    scan = trace._usage  # the usage KeyScan
+    assert scan._pending is None and scan.found is None and len(scan._tail) <= 6
     assert trace._parts == []
 
 

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]  # the C scanner where there is one
 
+from .keyscan import KeyScan
 from .specrequests import SpecScan, spec_of
 
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we parse for signals
@@ -21,10 +22,7 @@ OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we pars
 _KEY = b'"usage"'
 _TAIL = len(_KEY) - 1  # bytes kept across a chunk border so that a split key is still seen
 _MAX_BODY = 1024 * 1024  # non-streaming bodies kept for the usage parse; beyond it we scan like a stream
-_MAX_PENDING = 4096  # a usage object split across chunks is kept up to this size
-_MAX_KEYS = 64  # usage keys looked at in one chunk (a stream may carry "usage": null in every event)
 _MAX_TOOL_CALLS = 64  # tool calls hashed per request
-_DECODER = json.JSONDecoder()
 
 _OFF, _JSON, _SCAN = 0, 1, 2  # RequestTrace modes: no signals, buffered JSON body, scanned stream
 
@@ -209,48 +207,11 @@ def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _usage_at(data: bytes, k: int) -> tuple[dict[str, object] | None, bool]:
-    """The usage object after the key at k, and False when the data ends before the object can be judged."""
-    n = len(data)
-    i = k + len(_KEY)
-    while i < n and data[i] in b" \t":
-        i += 1
-    if i >= n:
-        return None, False
-    if data[i] != 0x3A:  # not ':', so a string value "usage", not the key
-        return None, True
-    i += 1
-    while i < n and data[i] in b" \t":
-        i += 1
-    if i >= n:
-        return None, False
-    if data[i] != 0x7B:  # not '{': null or garbage
-        return None, True
-    eol = data.find(b"\n", i)
-    text = data[i : eol if eol >= 0 else n].decode("utf-8", "replace")
-    try:
-        value, _ = _DECODER.raw_decode(text)
-    except (ValueError, RecursionError):
-        return None, eol >= 0 or n - k > _MAX_PENDING
-    return (value if isinstance(value, dict) else None), True
-
-
 class RequestTrace:
     """One request's signals; the proxy feeds it the upstream response bytes as they pass. After finish(),
     `spec` is the response's metrics.speculative_decoding (specrequests.py), unchecked; None without one."""
 
-    __slots__ = (
-        "_done",
-        "_finish",
-        "_mode",
-        "_parts",
-        "_pending",
-        "_size",
-        "_spec",
-        "_tail",
-        "_usage",
-        "spec",
-    )
+    __slots__ = ("_done", "_finish", "_mode", "_parts", "_size", "_spec", "_usage", "spec")
 
     def __init__(
         self,
@@ -263,9 +224,7 @@ class RequestTrace:
         self._mode = _OFF if not tracked else _SCAN if streaming else _JSON
         self._parts: list[bytes] = []
         self._size = 0
-        self._tail = b""
-        self._pending: bytes | None = None
-        self._usage: dict[str, object] | None = None
+        self._usage = KeyScan(_KEY)
         self._spec = SpecScan()
         self.spec: object = None
         self._done = False
@@ -273,7 +232,7 @@ class RequestTrace:
 
     def set_content_type(self, content_type: str | None) -> None:
         """The response's Content-Type, once known: text/event-stream is scanned, anything else buffered."""
-        if content_type is None or self._mode == _OFF or self._parts or self._pending or self._usage:
+        if content_type is None or self._mode == _OFF or self._parts or self._usage.holds():
             return
         self._mode = _SCAN if "event-stream" in content_type.lower() else _JSON
 
@@ -281,12 +240,8 @@ class RequestTrace:
         """Look at one chunk of the response body (cheap unless it carries usage)."""
         mode = self._mode
         if mode == _SCAN:
+            self._usage.feed(chunk)
             self._spec.feed(chunk)
-            if self._pending is None and not self._tail and _KEY not in chunk:
-                if not chunk.endswith(b"\n"):
-                    self._tail = chunk[-_TAIL:]
-                return
-            self._scan(chunk)
         elif mode == _JSON:
             size = self._size + len(chunk)
             if size <= _MAX_BODY:
@@ -304,33 +259,6 @@ class RequestTrace:
         for piece in pieces:
             self.feed(piece)
 
-    def _scan(self, chunk: bytes) -> None:
-        tail, pending = self._tail, self._pending
-        self._tail, self._pending = b"", None
-        if pending is not None:
-            data = pending + chunk
-            if b"}" not in chunk and b"\n" not in chunk and len(data) <= _MAX_PENDING:
-                self._pending = data  # the object cannot have ended yet: spare the parse
-                return
-        elif tail and (len(chunk) < _TAIL or _KEY in tail + chunk[:_TAIL]):
-            data = tail + chunk
-        else:
-            data = chunk
-        end = len(data)
-        for _ in range(_MAX_KEYS):
-            k = data.rfind(_KEY, 0, end)
-            if k < 0:
-                break
-            usage, complete = _usage_at(data, k)
-            if usage is not None:
-                self._usage = usage  # the last complete usage wins; a later cut-off one may replace it
-                break
-            if not complete and self._pending is None and len(data) - k <= _MAX_PENDING:
-                self._pending = data[k:]
-            end = k
-        if self._pending is None and not data.endswith(b"\n"):
-            self._tail = data[-_TAIL:]
-
     def finish(self, status: int) -> None:
         """Record the request's usage into its session, once; status >= 400 records no usage."""
         if self._done:
@@ -345,7 +273,8 @@ class RequestTrace:
                 usage = found if isinstance(found, dict) else None
                 self.spec = spec_of(obj) if obj is not None else None
             else:
-                usage = self._usage
+                usage = self._usage.found
                 self.spec = self._spec.found
-        self._parts, self._pending, self._usage = [], None, None
+        self._parts = []
+        self._usage.clear()
         self._finish(usage)

@@ -6,26 +6,24 @@ a stream's final usage event (only when the client asked `stream_options.include
 usage). The gateway sums those objects per batch-size range, the gateway's in-flight count when the request
 was admitted, in the ranges of the goodput estimate (sources/specgoodput.py). A JSON body is read from the
 parse the usage already takes; a stream (or a JSON body too large to keep) is scanned for the key as its
-chunks pass: a substring check per chunk, and at most `_MAX_PENDING` bytes kept once the key is seen. An
+chunks pass (keyscan.py, as the usage is): a substring check per chunk, and at most 4 KiB kept once the key
+is seen. An
 object with a value that is not a non-negative integer below 2**32 is not counted; histogram entries past
 `MAX_ACCEPTED` are not read.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from ...sources.specgoodput import range_label, range_of
 from ..protocol.snapshot import MAX_ACCEPTED, SpecDecodeCounts
+from .keyscan import KeyScan
 
 KEY = b'"speculative_decoding"'
-_TAIL = len(KEY) - 1  # bytes kept across a chunk border so that a split key is still seen
-_MAX_PENDING = 4096  # the object after the key is kept up to this size while its chunks arrive
 _DETAILED = b',"per_step_accepted"'  # "detailed" adds per-step arrays after the counts: cut, never read
 _MAX_COUNT = 1 << 32  # larger counts are garbage
 _FIELDS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
-_DECODER = json.JSONDecoder()
 
 
 def spec_of(body: Mapping[str, object]) -> object:
@@ -34,69 +32,14 @@ def spec_of(body: Mapping[str, object]) -> object:
     return metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
 
 
-class SpecScan:
-    """Finds the last `"speculative_decoding": {...}` in a body fed chunk by chunk (`found`, else None)."""
+class SpecScan(KeyScan):
+    """Finds the last `"speculative_decoding": {...}` in a body fed chunk by chunk (`found`, else None); a
+    "detailed" object is cut before its per-step arrays."""
 
-    __slots__ = ("_pending", "_tail", "found")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._pending: bytes | None = None  # what followed the key, while the object is incomplete
-        self._tail = b""
-        self.found: dict[str, object] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        """Look at one chunk (a substring check unless the key is in it or was cut by the chunk border)."""
-        pending, tail = self._pending, self._tail
-        if pending is None and not tail and KEY not in chunk:
-            if not chunk.endswith(b"\n"):
-                self._tail = chunk[-_TAIL:]
-            return
-        self._pending, self._tail = None, b""
-        if pending is not None:
-            data = pending + chunk
-        else:
-            data = tail + chunk
-            k = data.rfind(KEY)
-            if k < 0:
-                if not data.endswith(b"\n"):
-                    self._tail = data[-_TAIL:]
-                return
-            data = data[k + len(KEY) :]
-        self._take(data)
-
-    def _take(self, data: bytes) -> None:
-        """Parse the object after the key, or keep `data` for the next chunk while it may be incomplete."""
-        text = data.lstrip(b" \t")
-        if not text:
-            self._keep(data)
-            return
-        if text[:1] != b":":  # a string value "speculative_decoding", not the key
-            return
-        text = text[1:].lstrip(b" \t")
-        if not text:
-            self._keep(data)
-            return
-        if text[:1] != b"{":  # null or garbage
-            return
-        text = text[:_MAX_PENDING]
-        cut = text.find(_DETAILED)
-        if cut >= 0:
-            text = text[:cut] + b"}"
-        try:
-            value, _ = _DECODER.raw_decode(text.decode("utf-8", "replace"))
-        except (ValueError, RecursionError):
-            if cut < 0 and b"\n" not in text:
-                self._keep(data)
-            return
-        if isinstance(value, dict):
-            self.found = value
-        more = data.rfind(KEY)  # a later key in the same chunk (another event) wins
-        if more >= 0:
-            self._take(data[more + len(KEY) :])
-
-    def _keep(self, data: bytes) -> None:
-        if len(data) <= _MAX_PENDING:
-            self._pending = data
+        super().__init__(KEY, _DETAILED)
 
 
 def _count(value: object) -> int | None:
