@@ -101,33 +101,25 @@ class HeldStart:
             body = message.get("body", b"")
             if not body and message.get("more_body", False):
                 return  # an empty chunk says nothing
-            self._check_first(body)
+            self._check(body, self._start is not None and self._start["status"] >= 500)
             self.sent = True
             if self._start is not None:
                 await self._send(self._start)
         elif self.stream is not None and self.stream.resumable():
-            self._check_between(message.get("body", b""))
+            self._check(message.get("body", b""), False)
         if self.stream is not None and message["type"] == "http.response.body":
             self.stream.feed(message.get("body", b""))
         await self._send(message)
 
-    def _check_first(self, body: bytes) -> None:
-        """Lost if the response's first bytes are the engine's error: while drained, any error event; at any
-        time, vLLM's EngineDeadError (in a 5xx body or an event)."""
-        if body.startswith(SSE_ERROR) and self._drained():
-            raise Lost(EngineStopped("the model server's stream began with an error while drained"))
-        failed = self._start is not None and self._start["status"] >= 500
-        if (failed or body.startswith(SSE_ERROR)) and ENGINE_DEAD in body[:4096]:
+    def _check(self, body: bytes, failed: bool) -> None:
+        """Lost if these bytes, the first the client would get or an event between a resumable stream's
+        events, are the engine's own error: vLLM's EngineDeadError (in an event, or in the body of a 5xx:
+        `failed`) at any time, any error event while drained."""
+        event = body.startswith(SSE_ERROR)
+        if (event or failed) and ENGINE_DEAD in body[:4096]:
             raise Lost(EngineDead("the model server answered that its engine died"))
-
-    def _check_between(self, body: bytes) -> None:
-        """Lost if an event between a resumable stream's events is the engine's error (drained: any)."""
-        if not body.startswith(SSE_ERROR):
-            return
-        if ENGINE_DEAD in body[:4096]:
-            raise Lost(EngineDead("the model server's stream said its engine died"))
-        if self._drained():
-            raise Lost(EngineStopped("the model server's stream ended in an error while drained"))
+        if event and self._drained():
+            raise Lost(EngineStopped("the model server's stream sent an error while drained"))
 
 
 class Replays:
