@@ -8,7 +8,7 @@ import subprocess
 
 from tests.support.perturbed import vllm_python
 from vllm_watchdog.actions.runtimes.speculative import FLAG, SCHEDULE_KEY, read_config, with_schedule
-from vllm_watchdog.sources.specgoodput import schedule_from_text
+from vllm_watchdog.sources.specranges import schedule_from_text
 
 CHECK = """
 import json, sys

@@ -23,7 +23,7 @@ from vllm_watchdog.gateway.dataplane.server import GatewayServer
 from vllm_watchdog.gateway.dataplane.specrequests import SpecRequests, SpecScan, sample_of
 from vllm_watchdog.gateway.protocol.codec import decode, encode
 from vllm_watchdog.gateway.protocol.snapshot import GatewaySnapshot, SpecDecodeCounts
-from vllm_watchdog.sources.specgoodput import RANGES, range_label
+from vllm_watchdog.sources.specranges import RANGES, range_label
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 JSON_BODY = (FIXTURES / "vllm-0.32.0-per-request-spec-metrics.json").read_bytes()

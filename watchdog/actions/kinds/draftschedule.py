@@ -6,7 +6,7 @@ traits of disable_draft). disable_draft stays for an acceptance collapse."""
 
 from __future__ import annotations
 
-from ...sources.specgoodput import schedule_from_text
+from ...sources.specranges import schedule_from_text
 from ..config import Budget, KindSpec
 from ..pipeline.flows import FlowContext, Outcome
 from ..pipeline.plans import Plan, execute_plan, guarded

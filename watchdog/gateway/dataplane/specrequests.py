@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...sources.specgoodput import range_label, range_of
+from ...sources.specranges import range_label, range_of
 from ..protocol.snapshot import MAX_ACCEPTED, SpecDecodeCounts
 from .keyscan import KeyScan
 
