@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_watchdog.sources.specgoodput import (
-    RANGES,
-    Snapshot,
-    SpecGoodput,
-    range_of,
-    schedule_from_text,
-    step_time,
-)
+from vllm_watchdog.sources.specgoodput import Snapshot, SpecGoodput, step_time
+from vllm_watchdog.sources.specranges import RANGES, range_of, schedule_from_text
 
 ACCEPT = (0.8, 0.6, 0.4, 0.3)
 
@@ -146,6 +140,24 @@ def test_a_range_that_ran_without_drafts_only_takes_the_bound_its_measured_neigh
     assert got.best[range_of(64) or 0] == 0
     est.held[range_of(1) or 0] = 2  # a k held from an earlier measurement with drafts stays
     assert (est.estimate() or got).best[range_of(1) or 0] == 2
+
+
+def test_a_range_that_speculated_without_a_draft_is_scheduled_off_whatever_its_neighbours_give() -> None:
+    """One client sends text ngram finds no match in (the server speculates, batch 1 never drafts), the busy
+    hours text it predicts (batches 2, 4 and 16 draft): the floor batch 2 gives would keep the proposer
+    running at batch 1 for nothing. With fewer request-steps than a window's worth (MIN_DRAFTS / IDLE_SHARE), batch 1
+    is not judged matchless and takes the floor as before; nor is a server that does not speculate."""
+    for seconds, speculating, want in ((60, True, 0), (40, True, 4), (60, False, 4)):
+        est, engine = SpecGoodput(), Engine()
+        engine.speculating = speculating
+        engine.run(est, 1, 0, seconds)  # 100 request-steps a second
+        engine.speculating = True
+        for batch in (2, 4, 16):
+            engine.run(est, batch, 4, 30)
+        got = est.estimate()
+        assert got is not None and {r.label for r in got.ranges} == {"2-3", "4-7", "16-31"}
+        assert got.best[range_of(2) or 0] == 4
+        assert got.best[0] == want, (seconds, speculating)
 
 
 def test_speculation_that_almost_never_drafts_is_scheduled_off_without_a_claimed_gain() -> None:

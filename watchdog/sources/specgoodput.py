@@ -28,18 +28,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-RANGES: tuple[tuple[int, int], ...] = (
-    (1, 1),
-    (2, 3),
-    (4, 7),
-    (8, 15),
-    (16, 31),
-    (32, 63),
-    (64, 127),
-    (128, 255),
-    (256, 65536),
-)
-"""Batch-size ranges (inclusive), as vLLM's num_speculative_tokens_per_batch_size takes them."""
+from .specranges import RANGES, range_label, range_of
+
 MAX_K = 8  # the most draft positions read (vLLM's per-position counter has num_speculative_tokens of them)
 WINDOW = 600.0  # seconds of intervals an estimate reads
 MAX_INTERVALS = 1024  # per target, whatever the scrape interval
@@ -114,23 +104,6 @@ class RangeEstimate:
     def label(self) -> str:
         """The range as a label value: "4-7", "256+"."""
         return range_label(self.index)
-
-
-def range_label(index: int) -> str:
-    """A range's label: "1", "4-7", "256+" (the last one is open)."""
-    lo, hi = RANGES[index]
-    if index == len(RANGES) - 1:
-        return f"{lo}+"
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
-def range_of(running: float) -> int | None:
-    """The range a running-request count falls in; None for an idle engine."""
-    n = round(running)
-    for index, (lo, hi) in enumerate(RANGES):
-        if lo <= n <= hi:
-            return index
-    return None
 
 
 def interval(a: Snapshot, b: Snapshot) -> tuple[int, Totals] | None:
@@ -233,8 +206,11 @@ class SpecGoodput:
         """The estimate from the window; None without enough drafts or without two cost points."""
         on: dict[int, Totals] = {}
         off: dict[int, Totals] = {}  # intervals without a draft: what the range gives without speculation
+        matchless: dict[int, Totals] = {}  # those of them while vLLM speculated (it counts draft positions)
         for _, where, sums in self.intervals:
             (on if sums.drafts > 0 else off).setdefault(where, Totals()).add(sums)
+            if sums.drafts <= 0 and sums.positions:
+                matchless.setdefault(where, Totals()).add(sums)
         drafting = Totals()
         for sums in on.values():
             drafting.add(sums)
@@ -253,11 +229,14 @@ class SpecGoodput:
             for i in sorted(measured)
         )
         plain = tuple(i for i, s in off.items() if i not in measured and s.steps >= MIN_STEPS)
+        quiet = {i for i in plain if i in matchless and matchless[i].request_steps >= MIN_DRAFTS / IDLE_SHARE}
+        self.held.update(dict.fromkeys(quiet, 0))
         return self._decide(ranges, k_max, plain)
 
     def _decide(self, ranges: tuple[RangeEstimate, ...], k_max: int, plain: tuple[int, ...]) -> Estimate:
         """Hold or move each range's best k, fill the ranges not measured, and weigh the gain (a range that
-        ran without drafts only keeps its held k, else the bound its measured neighbours give, `_bounded`)."""
+        ran without drafts only keeps its held k, else the bound its measured neighbours give, `_bounded`;
+        one that speculated a window's worth of request-steps without a draft holds 0, set by `estimate`)."""
         for r in ranges:
             best = max(range(k_max + 1), key=lambda k: (r.speedup[k], -k))
             held = self.held.get(r.index)
@@ -368,27 +347,3 @@ def _fill(known: dict[int, int], index: int) -> int:
         if i in known:
             return known[i]
     return known[min(known)]
-
-
-def schedule_from_text(text: str) -> list[tuple[int, int, int]]:
-    """Read a schedule label ("1-7:4,8-65536:0") back; ValueError naming what is wrong. The ranges must
-    start at 1, not overlap and be in order, and k >= 0: what vLLM 0.32 checks at start."""
-    out: list[tuple[int, int, int]] = []
-    if len(text) > 512:
-        raise ValueError("schedule too long")
-    for part in text.split(","):
-        span, sep, k_text = part.strip().partition(":")
-        lo_text, dash, hi_text = span.partition("-")
-        try:
-            lo, k = int(lo_text), int(k_text)
-            hi = int(hi_text) if dash else lo
-        except ValueError:
-            raise ValueError(f"schedule entry {part!r} is not FIRST-LAST:K") from None
-        if not sep or lo < 1 or hi < lo or k < 0:
-            raise ValueError(f"schedule entry {part!r}: needs 1 <= FIRST <= LAST and K >= 0")
-        if out and lo <= out[-1][1]:
-            raise ValueError(f"schedule entry {part!r} overlaps or is out of order")
-        out.append((lo, hi, k))
-    if not out or out[0][0] != 1:
-        raise ValueError("a schedule's first range starts at batch size 1")
-    return out
