@@ -1,8 +1,10 @@
 """Prints the tests pytest's cache says failed in the last run, one node id a line, for a rerun.
 
 pytest-xdist's `--dist loadgroup` records a grouped test as `path::name@group`, an id that a run without
-xdist does not know; the `@group` suffix is dropped here. Prints nothing and exits 1 when more than `--max`
-failed: that many failures are not load, and running them again alone would only take time.
+xdist does not know; the `@group` suffix is dropped here. Prints nothing and exits 1 when the failures are in
+more than `--max` test files: that many are not load, and running them again alone would only take time. The
+cap counts files, not tests: a module-scoped fixture that fails under load errors every test of its module,
+one cause.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def main() -> int:
     path = Path(args.cache)
     failed = json.loads(path.read_text()) if path.is_file() else {}
     ids = sorted({node_id(key) for key in failed})
-    if len(ids) > args.max:
-        print(f"{len(ids)} tests failed, more than {args.max}: not run again", file=sys.stderr)
+    files = {test.partition("::")[0] for test in ids}
+    if len(files) > args.max:
+        print(f"tests failed in {len(files)} files, more than {args.max}: not run again", file=sys.stderr)
         return 1
     for test in ids:
         print(test)

@@ -20,8 +20,8 @@ set +e
 rc=$?
 set -e
 # On 2 cores five workers, three real vLLMs and their daemons sometimes stall each other for seconds, and then
-# a test that waits on a schedule can miss it. The tests that failed (at most 10) run once more, alone in one
-# process: if they pass there they are reported as flaky under load and the run passes; a test that fails
+# a test that waits on a schedule can miss it. The tests that failed (in at most 10 files) run once more, alone
+# in one process: if they pass there they are reported as flaky under load and the run passes; a test that fails
 # again fails the run. VLLM_WATCHDOG_TEST_RERUN=0 turns this off.
 if [ "$rc" -eq 1 ] && [ "${VLLM_WATCHDOG_TEST_RERUN:-1}" != 0 ]; then
   if mapfile -t failed < <(.venv/bin/python scripts/failed-tests.py) && [ "${#failed[@]}" -gt 0 ]; then
