@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vllm_watchdog.sources.exposition import parse  # noqa: E402
+from vllm_watchdog.sources.speccollector import COUNTERS, PER_POS, RUNNING  # noqa: E402
 from vllm_watchdog.sources.specgoodput import Snapshot, SpecGoodput  # noqa: E402
 
 WARM = 2.0  # seconds of each workload before its window starts
@@ -80,29 +81,21 @@ class Workload:
 
 
 def snapshot_of(text: str, now: float) -> Snapshot | None:
-    """vLLM's counters from a /metrics body (summed over engines), as the watchdog's collector reads them."""
+    """vLLM's counters from a /metrics body (summed over engines), under the names the watchdog's collector
+    reads (sources/speccollector.py); None without the step counters."""
     sums: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for name, labels, value, _ in parse(text):
-        if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+        if name == PER_POS:
             pos = int(labels.get("position", "0"))
             per_pos[pos] = per_pos.get(pos, 0.0) + value
         else:
             sums[name] = sums.get(name, 0.0) + value
-    try:
-        return Snapshot(
-            now,
-            sums["vllm:num_requests_running"],
-            sums["vllm:iteration_tokens_total_count"],
-            sums["vllm:iteration_tokens_total_sum"],
-            sums["vllm:generation_tokens_total"],
-            sums.get("vllm:spec_decode_num_drafts_total", 0.0),
-            sums.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
-            sums.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
-            tuple(per_pos.get(i, 0.0) for i in range(len(per_pos))),
-        )
-    except KeyError:
+    if not {COUNTERS["steps"], COUNTERS["step_tokens"], COUNTERS["generated"], RUNNING} <= sums.keys():
         return None
+    values = {key: sums.get(name, 0.0) for key, name in COUNTERS.items()}
+    positions = tuple(per_pos.get(i, 0.0) for i in range(len(per_pos)))
+    return Snapshot(now, sums[RUNNING], per_pos=positions, **values)
 
 
 @dataclass

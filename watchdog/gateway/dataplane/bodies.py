@@ -20,7 +20,6 @@ from .specrequests import SpecScan, spec_of
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")  # the bodies we parse for signals
 
 _KEY = b'"usage"'
-_TAIL = len(_KEY) - 1  # bytes kept across a chunk border so that a split key is still seen
 _MAX_BODY = 1024 * 1024  # non-streaming bodies kept for the usage parse; beyond it we scan like a stream
 _MAX_TOOL_CALLS = 64  # tool calls hashed per request
 
@@ -254,7 +253,7 @@ class RequestTrace:
         """The body is too big to keep: scan its last kept part and the rest like a stream."""
         parts = self._parts
         self._parts, self._size, self._mode = [], 0, _SCAN
-        pieces = [parts[-2][-_TAIL:]] if len(parts) >= 2 else []
+        pieces = [parts[-2][-self._usage.tail_size :]] if len(parts) >= 2 else []
         pieces += [*parts[-1:], chunk]
         for piece in pieces:
             self.feed(piece)

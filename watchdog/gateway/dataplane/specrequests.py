@@ -4,12 +4,11 @@ With `--per-request-spec-decode-metrics summary|detailed`, a speculating vLLM pu
 `metrics.speculative_decoding` in each single-sequence completion or chat response: in the JSON body, or in
 a stream's final usage event (only when the client asked `stream_options.include_usage`, or vLLM forces
 usage). The gateway sums those objects per batch-size range, the gateway's in-flight count when the request
-was admitted, in the ranges of the goodput estimate (sources/specgoodput.py). A JSON body is read from the
+was admitted, in the ranges of the goodput estimate (sources/specranges.py). A JSON body is read from the
 parse the usage already takes; a stream (or a JSON body too large to keep) is scanned for the key as its
 chunks pass (keyscan.py, as the usage is): a substring check per chunk, and at most 4 KiB kept once the key
-is seen. An
-object with a value that is not a non-negative integer below 2**32 is not counted; histogram entries past
-`MAX_ACCEPTED` are not read.
+is seen. An object with a value that is not a non-negative integer below 2**32 is not counted; histogram
+entries past `MAX_ACCEPTED` are not read.
 """
 
 from __future__ import annotations
